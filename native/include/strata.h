@@ -1,0 +1,222 @@
+/*
+ * strata.h — the one public C API of libstrata.
+ *
+ * Conventions
+ *   - Handles are opaque; each has an init/open function and a free/close function.
+ *   - Every call that can fail returns a strata_status. On failure the calling thread's
+ *     strata_last_error() holds a message that names what was wrong (file, field, byte
+ *     offset, argument) and outputs are left untouched unless documented otherwise.
+ *   - Parameter structs come from strata_*_default_params(); set only what you change.
+ *   - The library never aborts or exits the host process, and never prints unless asked.
+ *   - Sizes are bytes, counts are elements; integer types are sized.
+ *
+ * The block between STRATA_CDEF_BEGIN and STRATA_CDEF_END is macro-free on purpose: the
+ * Python binding (pyrunner/_native.py) hands it to cffi as is, so declarations are never
+ * retyped on the Python side. Keep it free of #define, #if and function-like macros.
+ */
+#ifndef STRATA_H
+#define STRATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a declaration below changes in a way that breaks callers. */
+#define STRATA_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/* STRATA_CDEF_BEGIN */
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum strata_status {
+    STRATA_OK = 0,
+    STRATA_ERR_INVALID_ARG = 1,     /* a caller argument is wrong (null, out of range, mismatched size) */
+    STRATA_ERR_IO = 2,              /* open/stat/mmap/read failed */
+    STRATA_ERR_FORMAT = 3,          /* a file is malformed: message names file, field, offset */
+    STRATA_ERR_UNSUPPORTED = 4,     /* valid but not supported (type, version, operation) */
+    STRATA_ERR_NOMEM = 5,           /* allocation failed */
+    STRATA_ERR_BUFFER_TOO_SMALL = 6,/* caller buffer too small; the needed size is reported */
+    STRATA_ERR_NOT_FOUND = 7,       /* a looked-up key or tensor does not exist */
+    STRATA_ERR_NO_DEVICE = 8,       /* no usable accelerator (message says why) */
+    STRATA_ERR_INTERNAL = 9         /* a bug in Strata: please report the message */
+} strata_status;
+
+/* ABI version the library was built with; the binding refuses a mismatch. */
+uint32_t strata_abi_version(void);
+/* Library version string, e.g. "0.1.0". Static storage. */
+const char *strata_version(void);
+/* One line describing the build: ISA paths, CUDA, sanitizers. Static storage. */
+const char *strata_build_info(void);
+/* Short English name of a status, e.g. "format error". Static storage. */
+const char *strata_status_str(strata_status status);
+/* Message of the last failed call on this thread ("" if none). Valid until the next
+ * failing call on the same thread. */
+const char *strata_last_error(void);
+
+/* ---------------------------------------------------------------- CPU paths */
+
+typedef enum strata_isa {
+    STRATA_ISA_AUTO = 0,   /* the best path this CPU supports */
+    STRATA_ISA_SCALAR = 1, /* portable C: the reference */
+    STRATA_ISA_AVX2 = 2    /* AVX2 + FMA + F16C */
+} strata_isa;
+
+/* 1 if the path can run on this CPU and was compiled in, else 0. */
+int32_t strata_isa_supported(strata_isa isa);
+/* The path STRATA_ISA_AUTO resolves to (env STRATA_ISA=scalar|avx2 overrides). */
+strata_isa strata_isa_best(void);
+
+/* ---------------------------------------------------------------- context (thread pool) */
+
+typedef struct strata_context strata_context;
+
+typedef struct strata_context_params {
+    int32_t n_threads;   /* worker threads including the caller; 0 = one per online core */
+} strata_context_params;
+
+strata_context_params strata_context_default_params(void);
+/* Starts the persistent worker pool; *out is set only on success. */
+strata_status strata_context_init(const strata_context_params *params, strata_context **out);
+/* Joins the workers. NULL is allowed. No call may be running on ctx. */
+void strata_context_free(strata_context *ctx);
+int32_t strata_context_n_threads(const strata_context *ctx);
+
+/* ---------------------------------------------------------------- block formats */
+
+/* Type ids are ggml's (gguf.GGMLQuantizationType), e.g. 0 F32, 1 F16, 8 Q8_0, 12 Q4_K,
+ * 17 IQ2_XS, 20 IQ4_NL, 30 BF16, 39 MXFP4, 40 NVFP4. */
+typedef struct strata_type_info {
+    int32_t type;          /* ggml type id */
+    const char *name;      /* "Q4_K"; static storage */
+    int32_t block_size;    /* values per block */
+    int32_t type_size;     /* bytes per block */
+    int32_t act_block;     /* values per activation block in dot products (1 = float activations) */
+    int32_t has_kernels;   /* dequantize + dot product available */
+    int32_t has_quantize;  /* float -> blocks available */
+} strata_type_info;
+
+/* Fails with STRATA_ERR_UNSUPPORTED for ids Strata does not know. */
+strata_status strata_type_info_get(int32_t type, strata_type_info *out);
+/* Name as in gguf.GGMLQuantizationType ("IQ2_XS"); case-sensitive. */
+strata_status strata_type_from_name(const char *name, int32_t *type);
+/* Bytes of n values of a type; n must be a multiple of the block size. */
+strata_status strata_type_row_size(int32_t type, int64_t n, uint64_t *bytes);
+
+/* n values (a multiple of the block size) from src (src_size bytes, exactly the row size). */
+strata_status strata_dequantize(int32_t type, const void *src, uint64_t src_size,
+                                float *dst, int64_t n, strata_isa isa);
+
+/* nrows rows of n_per_row floats -> blocks. imatrix: NULL or n_per_row importance weights
+ * (used by formats that search, e.g. IQ2_XS, Q4_K). *written = bytes produced.
+ * Fails with STRATA_ERR_BUFFER_TOO_SMALL (and *written = bytes needed) if dst_size is short. */
+strata_status strata_quantize(int32_t type, const float *src, int64_t nrows, int64_t n_per_row,
+                              const float *imatrix, void *dst, uint64_t dst_size,
+                              uint64_t *written);
+
+/* y[j, r] = sum_c W[r, c] * x[j, c] for r < rows, j < n.
+ * W: rows x cols in `type` (row-major rows of row_size(type, cols) bytes, w_size bytes in all);
+ * x: n x cols floats; y: n x rows floats. Runs on ctx's pool (NULL: single-threaded).
+ * Each output equals the single-column result bit for bit, whatever n and thread count. */
+strata_status strata_matmul(strata_context *ctx, int32_t type, const void *w, uint64_t w_size,
+                            int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
+                            strata_isa isa);
+
+/* ---------------------------------------------------------------- GGUF reader */
+
+typedef struct strata_gguf strata_gguf;
+
+typedef enum strata_gguf_type {
+    STRATA_GGUF_UINT8 = 0,
+    STRATA_GGUF_INT8 = 1,
+    STRATA_GGUF_UINT16 = 2,
+    STRATA_GGUF_INT16 = 3,
+    STRATA_GGUF_UINT32 = 4,
+    STRATA_GGUF_INT32 = 5,
+    STRATA_GGUF_FLOAT32 = 6,
+    STRATA_GGUF_BOOL = 7,
+    STRATA_GGUF_STRING = 8,
+    STRATA_GGUF_ARRAY = 9,
+    STRATA_GGUF_UINT64 = 10,
+    STRATA_GGUF_INT64 = 11,
+    STRATA_GGUF_FLOAT64 = 12
+} strata_gguf_type;
+
+/* A metadata value. Pointers point into the read-only mapping and live as long as the
+ * handle. Multi-byte values are little-endian and may be unaligned: copy, don't cast. */
+typedef struct strata_gguf_value {
+    int32_t type;         /* strata_gguf_type */
+    int32_t elem_type;    /* ARRAY: element type; otherwise -1 */
+    uint64_t count;       /* ARRAY: element count; STRING: byte length; otherwise 1 */
+    const void *data;     /* scalar: the value; STRING: the bytes (not NUL-terminated);
+                             ARRAY of scalars: the contiguous elements;
+                             ARRAY of STRING/ARRAY: NULL, use strata_gguf_array_get */
+    uint64_t offset;      /* absolute byte offset of the value in the file */
+    uint64_t node;        /* internal reference used by strata_gguf_array_get */
+} strata_gguf_value;
+
+typedef struct strata_gguf_tensor {
+    const char *name;     /* not NUL-terminated; see name_len */
+    uint64_t name_len;
+    int32_t type;         /* ggml type id */
+    int32_t n_dims;       /* 1..4 */
+    int64_t ne[4];        /* ggml order: ne[0] is the contiguous dimension; unused = 1 */
+    uint64_t offset;      /* absolute byte offset of the data in its file */
+    uint64_t size;        /* bytes */
+    int32_t split;        /* index of the file (0 for a single file) */
+    const void *data;     /* read-only mapped data */
+} strata_gguf_tensor;
+
+/* Opens and validates a GGUF (v2 or v3). A path like name-00001-of-00003.gguf opens every
+ * split and presents them as one model (metadata of the first split, tensors of all).
+ * Files are mapped read-only, never copied. */
+strata_status strata_gguf_open(const char *path, strata_gguf **out);
+/* Parses a GGUF held in memory (no splits); `name` is used in messages. The buffer must
+ * outlive the handle. Used by the fuzzer and tests. */
+strata_status strata_gguf_open_memory(const void *data, uint64_t size, const char *name,
+                                      strata_gguf **out);
+void strata_gguf_close(strata_gguf *g);
+
+uint32_t strata_gguf_version(const strata_gguf *g);
+int32_t strata_gguf_n_splits(const strata_gguf *g);
+uint64_t strata_gguf_alignment(const strata_gguf *g);
+/* Absolute offset of the tensor data section of split `split`. */
+uint64_t strata_gguf_data_offset(const strata_gguf *g, int32_t split);
+
+int64_t strata_gguf_n_kv(const strata_gguf *g);
+/* Key i (pointer into the mapping, not NUL-terminated) and its value. */
+strata_status strata_gguf_kv(const strata_gguf *g, int64_t i, const char **key,
+                             uint64_t *key_len, strata_gguf_value *value);
+/* Index of a key, or STRATA_ERR_NOT_FOUND. */
+strata_status strata_gguf_find_kv(const strata_gguf *g, const char *key, int64_t *index);
+/* Element i of an ARRAY value (works for every element type, nested arrays included). */
+strata_status strata_gguf_array_get(const strata_gguf *g, const strata_gguf_value *array,
+                                    uint64_t i, strata_gguf_value *element);
+
+int64_t strata_gguf_n_tensors(const strata_gguf *g);
+strata_status strata_gguf_tensor_info(const strata_gguf *g, int64_t i, strata_gguf_tensor *out);
+strata_status strata_gguf_find_tensor(const strata_gguf *g, const char *name, int64_t *index);
+
+/* ---------------------------------------------------------------- devices */
+
+/* Number of usable CUDA devices (0 without a driver or GPU, or in a build without CUDA);
+ * when 0, *reason (may be NULL) gets a static one-line explanation. Never fails. */
+int32_t strata_cuda_device_count(const char **reason);
+
+/* STRATA_CDEF_END */
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRATA_H */

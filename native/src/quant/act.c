@@ -1,0 +1,59 @@
+/* act.c — activation quantization to the formats quantized weights multiply against.
+ * The scalar code is the definition; the AVX2 code (kernels/cpu/avx2_act.c) performs the
+ * same float operations in the same order, so both give identical blocks. */
+#include "quant.h"
+#include "../kernels/cpu/avx2.h"
+
+static int8_t act_round(float v) { return (int8_t)(int32_t)nearbyintf(v); }
+
+static void act_q8_32_scalar(const float *x, act_q8_32 *y, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            y[b].qs[i] = act_round(xb[i] * id);
+            sum += y[b].qs[i];
+        }
+        y[b].d = d;
+        y[b].sum = sum;
+    }
+}
+
+static void act_q8_256_scalar(const float *x, act_q8_256 *y, int64_t n) {
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const float *xb = x + b * QK_K;
+        float amax = 0.0f;
+        for (int i = 0; i < QK_K; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int i = 16 * j; i < 16 * j + 16; i++) {
+                y[b].qs[i] = act_round(xb[i] * id);
+                s += y[b].qs[i];
+            }
+            y[b].bsums[j] = (int16_t)s;
+        }
+        y[b].d = d;
+    }
+}
+
+void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa) {
+#if STRATA_HAVE_AVX2
+    if (isa == STRATA_ISA_IDX_AVX2) { strata_avx2_act_q8_32(x, y, n); return; }
+#endif
+    (void)isa;
+    act_q8_32_scalar(x, y, n);
+}
+
+void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int isa) {
+#if STRATA_HAVE_AVX2
+    if (isa == STRATA_ISA_IDX_AVX2) { strata_avx2_act_q8_256(x, y, n); return; }
+#endif
+    (void)isa;
+    act_q8_256_scalar(x, y, n);
+}

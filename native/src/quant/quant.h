@@ -1,0 +1,171 @@
+/*
+ * quant.h — the internal contract between block formats and the kernels that use them.
+ *
+ * Every weight type registers one strata_qtraits entry (see registry.c). A type has
+ *   - dequant[isa]: blocks -> floats, bit-identical to gguf.quants.dequantize;
+ *   - vec_dot[isa]: one weight row against ncols activation rows, in the type's
+ *     activation format (act): float, act_q8_32 or act_q8_256;
+ *   - quantize: floats -> blocks (optional).
+ * isa 0 is the portable scalar reference, isa 1 the AVX2+FMA+F16C path.
+ *
+ * Rule for vec_dot (tested): the scalar and AVX2 functions return the same float bit for
+ * bit. To make that possible each format fixes its summation order: integer parts of a
+ * block are exact; the float part of block b is computed with the same operations in both
+ * paths and added to lane (b % 8) of eight float accumulators; the lanes are reduced with
+ * strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h). Float weights
+ * (F32/F16/BF16) treat element i as "block" i: acc[i % 8] = fmaf(w_i, x_i, acc[i % 8]).
+ * The library builds with -ffp-contract=off, so a*b+c is never silently fused: write
+ * fmaf() where you want an FMA (the AVX2 path then uses _mm256_fmadd_ps).
+ */
+#ifndef STRATA_QUANT_H
+#define STRATA_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define STRATA_QTYPE_MAX 48 /* ggml type ids are < 48 */
+#define STRATA_N_ISA 2      /* 0 scalar, 1 avx2 */
+#define QK_K 256
+
+enum { STRATA_ISA_IDX_SCALAR = 0, STRATA_ISA_IDX_AVX2 = 1 };
+
+/* ggml type ids (gguf.GGMLQuantizationType) used by Strata. */
+enum {
+    GT_F32 = 0, GT_F16 = 1, GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7,
+    GT_Q8_0 = 8, GT_Q8_1 = 9, GT_Q2_K = 10, GT_Q3_K = 11, GT_Q4_K = 12, GT_Q5_K = 13,
+    GT_Q6_K = 14, GT_Q8_K = 15, GT_IQ2_XXS = 16, GT_IQ2_XS = 17, GT_IQ3_XXS = 18,
+    GT_IQ1_S = 19, GT_IQ4_NL = 20, GT_IQ3_S = 21, GT_IQ2_S = 22, GT_IQ4_XS = 23,
+    GT_I8 = 24, GT_I16 = 25, GT_I32 = 26, GT_I64 = 27, GT_F64 = 28, GT_IQ1_M = 29,
+    GT_BF16 = 30, GT_TQ1_0 = 34, GT_TQ2_0 = 35, GT_MXFP4 = 39, GT_NVFP4 = 40
+};
+
+/* Activation formats a weight type multiplies against. */
+typedef enum {
+    STRATA_ACT_F32 = 0,    /* plain floats */
+    STRATA_ACT_Q8_32 = 1,  /* act_q8_32 blocks: 32 values, float scale, int8 codes, code sum */
+    STRATA_ACT_Q8_256 = 2  /* act_q8_256 blocks: 256 values, float scale, sums per 16 */
+} strata_act_kind;
+
+/* x[i] ~= d * qs[i]; d = amax/127; qs = round-half-even(x / d); sum = sum of qs. */
+typedef struct {
+    float d;
+    int32_t sum;
+    int8_t qs[32];
+} act_q8_32; /* 40 bytes */
+
+/* x[i] ~= d * qs[i] over 256 values; bsums[j] = sum of qs[16j .. 16j+15]. */
+typedef struct {
+    float d;
+    int16_t bsums[16];
+    int8_t qs[QK_K];
+} act_q8_256; /* 292 bytes */
+
+/* dst = n values (n a multiple of block_size) decoded from src. */
+typedef void (*strata_dequant_fn)(const void *src, float *dst, int64_t n);
+/* y[c] = dot(w, x_c) for c < ncols, x_c = (const char *)x + c * x_stride; n values. */
+typedef void (*strata_vec_dot_fn)(int64_t n, const void *w, const void *x, size_t x_stride,
+                                  int ncols, float *y);
+/* nrows x n_per_row floats -> blocks; imatrix NULL or n_per_row weights. Returns bytes
+ * written. Must be deterministic and thread-safe (called concurrently on row ranges). */
+typedef size_t (*strata_quantize_fn)(const float *src, void *dst, int64_t nrows,
+                                     int64_t n_per_row, const float *imatrix);
+
+typedef struct {
+    const char *name;        /* as gguf.GGMLQuantizationType names it */
+    int32_t type;            /* ggml type id */
+    int32_t block_size;      /* values per block */
+    int32_t type_size;       /* bytes per block */
+    strata_act_kind act;
+    strata_dequant_fn dequant[STRATA_N_ISA];
+    strata_vec_dot_fn vec_dot[STRATA_N_ISA];
+    strata_quantize_fn quantize;
+} strata_qtraits;
+
+/* Table lookup; NULL for an unknown or unregistered type. Thread-safe after first call. */
+const strata_qtraits *strata_qtraits_get(int32_t type);
+/* 1 if the AVX2 path was compiled in and this CPU has AVX2+FMA+F16C. */
+int strata_cpu_has_avx2(void);
+
+/* Family registration (each fills its entries of a STRATA_QTYPE_MAX table). */
+void strata_quant_register_float(strata_qtraits *t);    /* F32 F16 BF16            (fmt_float.c)  */
+void strata_quant_register_legacy(strata_qtraits *t);   /* Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 (fmt_legacy.c) */
+void strata_quant_register_fp4(strata_qtraits *t);      /* IQ4_NL MXFP4 NVFP4      (fmt_fp4.c)    */
+void strata_quant_register_kquants(strata_qtraits *t);  /* Q2_K..Q6_K IQ4_XS       (fmt_kquants.c)*/
+void strata_quant_register_iq(strata_qtraits *t);       /* IQ2_XXS IQ2_XS IQ3_XXS  (fmt_iq.c)     */
+void strata_quant_register_quantizers(strata_qtraits *t); /* sets .quantize       (quantize*.c)  */
+
+/* Activation quantizers (act.c); identical results on every path. n % block == 0. */
+void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa);
+void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int isa);
+
+/* ---------------------------------------------------------------- shared scalar helpers */
+
+static inline float strata_fp16_to_fp32(uint16_t h) {
+    /* exact for every input, including subnormals, inf and NaN (payload kept) */
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        /* subnormal: normalise */
+        int e = -1;
+        do { e++; man <<= 1; } while ((man & 0x400u) == 0);
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t strata_fp32_to_fp16(float f) {
+    /* round to nearest even, as numpy's astype(float16) and F16C do */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) { /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? (0x200u | ((ax >> 13) & 0x3ffu)) : 0));
+    }
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (ax < 0x38800000u) {                                  /* result subnormal or zero */
+        if (ax < 0x33000000u) return (uint16_t)sign;          /* < half of smallest subnormal */
+        const uint32_t e = ax >> 23;
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126u - e;                      /* 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax >> 13) - (112u << 10));
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+
+static inline float strata_bf16_to_fp32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Reference reduction of eight lane accumulators; strata_hsum8_avx2 matches it bit for bit:
+ * ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). */
+static inline float strata_hsum8(const float a[8]) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+static inline uint16_t strata_rd_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t strata_rd_u32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+#endif /* STRATA_QUANT_H */

@@ -1,0 +1,148 @@
+"""_native.py — loads libstrata and binds it with cffi (ABI mode).
+
+The declarations are not retyped here: the block between STRATA_CDEF_BEGIN and
+STRATA_CDEF_END of strata.h is macro-free and goes to cffi as is. STRATA_LIB overrides the
+library path (tests point it at a sanitizer build). The ABI version is checked at load, and
+every failing status becomes a StrataError carrying the library's message.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+_PKG = Path(__file__).resolve().parent
+_SRC_HEADER = _PKG.parent / "native" / "include" / "strata.h"
+
+
+class StrataError(RuntimeError):
+    """A libstrata call failed; .status is the strata_status value, str() the message."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+class FormatError(StrataError, ValueError):
+    """A file is malformed (the message names the file, field and byte offset)."""
+
+
+class UnsupportedError(StrataError):
+    pass
+
+
+class NotFoundError(StrataError, KeyError):
+    def __str__(self):  # KeyError would quote the message
+        return RuntimeError.__str__(self)
+
+
+class BufferTooSmallError(StrataError):
+    pass
+
+
+def _header_text() -> str:
+    for p in (_PKG / "strata.h", _SRC_HEADER):
+        if p.is_file():
+            return p.read_text()
+    raise ImportError("strata.h not found next to pyrunner or in native/include; reinstall strata")
+
+
+def _cdef_block(text: str) -> str:
+    m = re.search(r"/\* STRATA_CDEF_BEGIN \*/(.*)/\* STRATA_CDEF_END \*/", text, re.S)
+    if not m:
+        raise ImportError("strata.h has no STRATA_CDEF_BEGIN/END block")
+    return m.group(1)
+
+
+def _abi_version(text: str) -> int:
+    return int(re.search(r"#define STRATA_ABI_VERSION (\d+)", text).group(1))
+
+
+def _lib_path() -> str:
+    env = os.environ.get("STRATA_LIB")
+    if env:
+        return env
+    p = _PKG / "libstrata.so"
+    if not p.is_file():
+        raise ImportError(f"{p} is missing: build the package with `pip install -e .` (or set STRATA_LIB)")
+    return str(p)
+
+
+_text = _header_text()
+ffi = FFI()
+ffi.cdef(_cdef_block(_text))
+LIB_PATH = _lib_path()
+lib = ffi.dlopen(LIB_PATH)
+ABI_VERSION = _abi_version(_text)
+if lib.strata_abi_version() != ABI_VERSION:
+    raise ImportError(
+        f"{LIB_PATH} has ABI version {lib.strata_abi_version()} but pyrunner expects {ABI_VERSION}; "
+        "rebuild with `pip install -e .`")
+
+_ERRORS = {
+    lib.STRATA_ERR_FORMAT: FormatError,
+    lib.STRATA_ERR_UNSUPPORTED: UnsupportedError,
+    lib.STRATA_ERR_NOT_FOUND: NotFoundError,
+    lib.STRATA_ERR_BUFFER_TOO_SMALL: BufferTooSmallError,
+}
+
+
+def last_error() -> str:
+    return ffi.string(lib.strata_last_error()).decode("utf-8", "replace")
+
+
+def check(status: int) -> None:
+    """Raises the StrataError for a failing status, with the library's message."""
+    if status != lib.STRATA_OK:
+        name = ffi.string(lib.strata_status_str(status)).decode()
+        msg = last_error() or name
+        raise _ERRORS.get(status, StrataError)(status, msg)
+
+
+def build_info() -> str:
+    return ffi.string(lib.strata_build_info()).decode()
+
+
+_ISA = {"auto": lib.STRATA_ISA_AUTO, "scalar": lib.STRATA_ISA_SCALAR, "avx2": lib.STRATA_ISA_AVX2}
+
+
+def isa_id(name: str) -> int:
+    try:
+        return _ISA[name]
+    except KeyError:
+        raise ValueError(f"unknown isa {name!r}; expected one of {sorted(_ISA)}") from None
+
+
+def isa_supported(name: str) -> bool:
+    return bool(lib.strata_isa_supported(isa_id(name)))
+
+
+class Context:
+    """A libstrata context: owns the persistent worker pool."""
+
+    def __init__(self, threads: int | None = None):
+        p = ffi.new("strata_context_params *", lib.strata_context_default_params())
+        p.n_threads = threads or 0
+        out = ffi.new("strata_context **")
+        check(lib.strata_context_init(p, out))
+        self._ptr = ffi.gc(out[0], lib.strata_context_free)
+
+    @property
+    def ptr(self):
+        return self._ptr
+
+    @property
+    def n_threads(self) -> int:
+        return lib.strata_context_n_threads(self._ptr)
+
+
+_default_ctx: Context | None = None
+
+
+def default_context() -> Context:
+    global _default_ctx
+    if _default_ctx is None:
+        _default_ctx = Context(int(os.environ.get("STRATA_THREADS", "0")) or None)
+    return _default_ctx

@@ -1,0 +1,107 @@
+"""gguf.py — GGUF files through the native reader (mapped read-only, validated)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._native import check, ffi, lib
+
+# GGUF metadata value types (strata_gguf_type) -> numpy dtypes for arrays of scalars.
+_NP = {
+    lib.STRATA_GGUF_UINT8: np.uint8, lib.STRATA_GGUF_INT8: np.int8,
+    lib.STRATA_GGUF_UINT16: np.uint16, lib.STRATA_GGUF_INT16: np.int16,
+    lib.STRATA_GGUF_UINT32: np.uint32, lib.STRATA_GGUF_INT32: np.int32,
+    lib.STRATA_GGUF_FLOAT32: np.float32, lib.STRATA_GGUF_BOOL: np.bool_,
+    lib.STRATA_GGUF_UINT64: np.uint64, lib.STRATA_GGUF_INT64: np.int64,
+    lib.STRATA_GGUF_FLOAT64: np.float64,
+}
+
+
+def _type_name(t: int) -> str:
+    info = ffi.new("strata_type_info *")
+    if lib.strata_type_info_get(t, info) == lib.STRATA_OK:
+        return ffi.string(info.name).decode()
+    return f"type{t}"
+
+
+class GGUFFile:
+    """An open GGUF (or a split set opened through its first file)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        out = ffi.new("strata_gguf **")
+        check(lib.strata_gguf_open(self.path.encode(), out))
+        self._g = ffi.gc(out[0], lib.strata_gguf_close)
+
+    @property
+    def version(self) -> int:
+        return lib.strata_gguf_version(self._g)
+
+    @property
+    def n_splits(self) -> int:
+        return lib.strata_gguf_n_splits(self._g)
+
+    @property
+    def alignment(self) -> int:
+        return lib.strata_gguf_alignment(self._g)
+
+    def _value(self, v):
+        t = v.type
+        if t == lib.STRATA_GGUF_STRING:
+            return ffi.unpack(ffi.cast("const char *", v.data), v.count).decode("utf-8", "replace")
+        if t == lib.STRATA_GGUF_ARRAY:
+            et = v.elem_type
+            if et in _NP:
+                buf = ffi.buffer(v.data, v.count * np.dtype(_NP[et]).itemsize) if v.count else b""
+                return np.frombuffer(bytes(buf), dtype=np.dtype(_NP[et]).newbyteorder("<")).tolist()
+            out = []
+            e = ffi.new("strata_gguf_value *")
+            for i in range(v.count):
+                check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), i, e))
+                out.append(self._value(e[0]))
+            return out
+        dt = np.dtype(_NP[t]).newbyteorder("<")
+        return np.frombuffer(bytes(ffi.buffer(v.data, dt.itemsize)), dtype=dt)[0].item()
+
+    def metadata(self) -> dict:
+        md = {}
+        key = ffi.new("const char **")
+        klen = ffi.new("uint64_t *")
+        val = ffi.new("strata_gguf_value *")
+        for i in range(lib.strata_gguf_n_kv(self._g)):
+            check(lib.strata_gguf_kv(self._g, i, key, klen, val))
+            md[ffi.unpack(key[0], klen[0]).decode("utf-8", "replace")] = self._value(val[0])
+        return md
+
+    def tensors(self) -> list[dict]:
+        out = []
+        t = ffi.new("strata_gguf_tensor *")
+        for i in range(lib.strata_gguf_n_tensors(self._g)):
+            check(lib.strata_gguf_tensor_info(self._g, i, t))
+            out.append({
+                "name": ffi.unpack(t.name, t.name_len).decode("utf-8", "replace"),
+                "type": _type_name(t.type),
+                "shape": [t.ne[d] for d in range(t.n_dims)],
+                "offset": t.offset,
+                "size": t.size,
+                "split": t.split,
+            })
+        return out
+
+    def tensor_data(self, name: str) -> memoryview:
+        """The raw bytes of a tensor, straight from the mapping (read-only, no copy)."""
+        idx = ffi.new("int64_t *")
+        check(lib.strata_gguf_find_tensor(self._g, name.encode(), idx))
+        t = ffi.new("strata_gguf_tensor *")
+        check(lib.strata_gguf_tensor_info(self._g, idx[0], t))
+        return memoryview(ffi.buffer(t.data, t.size)).toreadonly()
+
+
+def gguf_info(path) -> dict:
+    """{"metadata": {key: value}, "tensors": [{"name", "type", "shape", "offset", "size"}]}
+    (shape in ggml ne order; offset absolute in its file). Raises FormatError on a bad file."""
+    f = GGUFFile(path)
+    tensors = f.tensors()
+    if f.n_splits <= 1:
+        for t in tensors:
+            t.pop("split")
+    return {"metadata": f.metadata(), "tensors": tensors}

@@ -1,0 +1,42 @@
+"""setup.py — drives CMake for native/ and places libstrata.so (and strata.h, which the
+binding reads) inside the pyrunner package. Everything else is in pyproject.toml.
+
+Extra CMake arguments: STRATA_CMAKE_ARGS="-DSTRATA_CUDA=OFF ..." in the environment.
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeBuild(build_ext):
+    def get_ext_filename(self, ext_name):
+        return os.path.join(*ext_name.split(".")[:-1], "libstrata.so")
+
+    def run(self):
+        if shutil.which("cmake") is None:
+            sys.exit("strata: cmake (>= 3.21) is needed to build libstrata; install it (apt-get install cmake)")
+        build_dir = ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}"
+        args = [
+            "cmake", "-S", str(ROOT / "native"), "-B", str(build_dir),
+            "-DCMAKE_BUILD_TYPE=Release", f"-DPython3_EXECUTABLE={sys.executable}",
+        ]
+        args += shlex.split(os.environ.get("STRATA_CMAKE_ARGS", ""))
+        subprocess.check_call(args)
+        jobs = str(os.cpu_count() or 2)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "strata", "-j", jobs])
+        for ext in self.extensions:
+            dest = Path(self.get_ext_fullpath(ext.name))
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(build_dir / "libstrata.so", dest)
+            shutil.copyfile(ROOT / "native" / "include" / "strata.h", dest.parent / "strata.h")
+
+
+setup(ext_modules=[Extension("pyrunner.libstrata", sources=[])], cmdclass={"build_ext": CMakeBuild})

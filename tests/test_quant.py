@@ -1,0 +1,228 @@
+"""Block formats: dequantization against gguf.quants (bit for bit), dot products against a
+float64 reference (within a documented bound), scalar == AVX2 (bit for bit), and matmul
+results that do not depend on batch size or thread count.
+
+The dot-product bound (every type). Weights w are the gguf.quants dequantization of the
+blocks; x the float activations. Quantized types multiply against x quantized to int8 in
+blocks of B values (B = 32 or 256, `act_block`), whose per-element error is at most
+amax(block)/254, so
+
+    |dot - sum_i w_i x_i| <= sum_i |w_i| * amax_B(x, i)/254 * 1.0001      (activation rounding)
+                             + 1e-5 * sum_i |w_i x_i| + 1e-30              (float accumulation)
+
+Float types (F32, F16, BF16; B = 1) have only the second term.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from pyrunner import quant
+from pyrunner._native import Context, isa_supported
+
+ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
+             "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"]
+
+# Scale fields inside a block: (byte offset, encoding). Used to make blocks with sane scales;
+# the "raw" kind leaves them random (NaN, Inf, subnormal scales included).
+SCALES = {
+    "Q8_0": [(0, "f16")], "Q4_0": [(0, "f16")], "Q4_1": [(0, "f16"), (2, "f16")],
+    "Q5_0": [(0, "f16")], "Q5_1": [(0, "f16"), (2, "f16")],
+    "Q2_K": [(80, "f16"), (82, "f16")], "Q3_K": [(108, "f16")],
+    "Q4_K": [(0, "f16"), (2, "f16")], "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")],
+    "IQ2_XXS": [(0, "f16")], "IQ2_XS": [(0, "f16")], "IQ3_XXS": [(0, "f16")],
+    "IQ4_NL": [(0, "f16")], "IQ4_XS": [(0, "f16")],
+    "MXFP4": [(0, "e8m0")], "NVFP4": [(0, "ue4m3"), (1, "ue4m3"), (2, "ue4m3"), (3, "ue4m3")],
+}
+FLOATS = {"F32": np.float32, "F16": np.float16}
+ISAS = ["scalar", "avx2"]
+KINDS = ["random", "raw", "zeros", "ones", "high"]
+
+
+def seed(*parts) -> int:
+    """A stable seed per test case (hash() of str is salted per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def block_info(name):
+    return quants.GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+
+
+def make_blocks(name: str, n_values: int, kind: str, rng: np.random.Generator) -> bytes:
+    """n_values worth of blocks of a type. kinds: random (random codes, sane scales), raw (every
+    byte random), zeros, ones (every code byte 0xff, sane scales), high (0x80 code bytes)."""
+    if name in FLOATS or name == "BF16":
+        if kind == "raw":
+            nbytes = n_values * (4 if name == "F32" else 2)
+            return rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+        v = rng.standard_normal(n_values).astype(np.float32)
+        if kind == "zeros":
+            v[:] = 0
+        elif kind in ("ones", "high"):
+            v = np.where(rng.random(n_values) < 0.5, -1, 1).astype(np.float32) * (65000 if kind == "high" else 1)
+        if name == "BF16":
+            return (v.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        return v.astype(FLOATS[name]).tobytes()
+    bs, ts = block_info(name)
+    nb = n_values // bs
+    if kind == "zeros":
+        return bytes(nb * ts)
+    blocks = rng.integers(0, 256, (nb, ts), dtype=np.uint8)
+    if kind == "ones":
+        blocks[:] = 0xFF
+    elif kind == "high":
+        blocks[:] = 0x80
+    if kind != "raw":
+        for off, enc in SCALES[name]:
+            if enc == "f16":
+                mag = np.exp2(rng.uniform(-12, 0, nb)) * np.where(rng.random(nb) < 0.2, -1, 1)
+                blocks[:, off:off + 2] = mag.astype(np.float16).view(np.uint8).reshape(nb, 2)
+            elif enc == "e8m0":
+                blocks[:, off] = rng.integers(112, 136, nb)
+            else:
+                blocks[:, off] = rng.integers(1, 0x7F, nb)
+    return blocks.tobytes()
+
+
+def gguf_dequant(name: str, data: bytes, n_values: int) -> np.ndarray:
+    arr = np.frombuffer(data, dtype=np.uint8)
+    if name == "F32":
+        return arr.view(np.float32).copy()
+    if name == "F16":
+        return arr.view(np.float16).astype(np.float32)
+    out = quants.dequantize(arr, GGMLQuantizationType[name])
+    return np.asarray(out, dtype=np.float32).reshape(n_values)
+
+
+def assert_bits_equal(a: np.ndarray, b: np.ndarray, what: str):
+    """Bit-for-bit equality, except that any NaN matches any NaN (payloads may differ)."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    assert a.shape == b.shape, what
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    bad = np.flatnonzero(nan_a != nan_b)
+    assert bad.size == 0, f"{what}: NaN mismatch at {bad[:5]}: {a[bad[:5]]} vs {b[bad[:5]]}"
+    ok = ~nan_a
+    diff = np.flatnonzero(a[ok].view(np.uint32) != b[ok].view(np.uint32))
+    assert diff.size == 0, f"{what}: {diff.size} values differ, first at {diff[:5]}: {a[ok][diff[:5]]} vs {b[ok][diff[:5]]}"
+
+
+def need_isa(isa):
+    if not isa_supported(isa):
+        pytest.skip(f"{isa} path not available on this CPU/build")
+
+
+def test_every_type_is_registered():
+    have = set(quant.supported_types())
+    missing = [t for t in ALL_TYPES if t not in have]
+    assert not missing, f"types without kernels: {missing}"
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_type_info_matches_gguf(name):
+    info = quant.type_info(name)
+    assert (info["block_size"], info["type_size"]) == block_info(name)
+    assert info["type"] == int(GGMLQuantizationType[name])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_dequantize_matches_gguf(name, isa, kind):
+    need_isa(isa)
+    rng = np.random.default_rng(seed(name, kind))
+    n = 4096
+    data = make_blocks(name, n, kind, rng)
+    got = quant.dequantize(name, data, n, isa=isa)
+    assert_bits_equal(got, gguf_dequant(name, data, n), f"{name} {isa} {kind}")
+
+
+def dot_bound(w: np.ndarray, x: np.ndarray, act_block: int) -> np.ndarray:
+    """Per-output bound (see the module docstring). w: (rows, cols); x: (n, cols) -> (n, rows)."""
+    aw = np.abs(w.astype(np.float64))
+    ax = np.abs(x.astype(np.float64))
+    term = 1e-5 * (ax @ aw.T) + 1e-30
+    if act_block > 1:
+        n, cols = x.shape
+        amax = ax.reshape(n, cols // act_block, act_block).max(axis=2)
+        e = np.repeat(amax / 254.0, act_block, axis=1) * 1.0001
+        term = term + e @ aw.T
+    return term
+
+
+def make_x(rng, n, cols, style):
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    if style == "outlier":
+        x[:, ::97] *= 50
+    elif style == "sparse":
+        x[rng.random((n, cols)) < 0.7] = 0
+    elif style == "tiny":
+        x *= 1e-6
+    return x
+
+
+@pytest.mark.parametrize("kind", ["random", "ones", "high"])
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_matmul_within_bound_of_float64(name, kind):
+    rng = np.random.default_rng(seed(name, kind, "dot"))
+    rows, cols = 12, 2560
+    data = make_blocks(name, rows * cols, kind, rng)
+    w = gguf_dequant(name, data, rows * cols).reshape(rows, cols)
+    act_block = quant.type_info(name)["act_block"]
+    for style in ("normal", "outlier", "sparse", "tiny"):
+        x = make_x(rng, 3, cols, style)
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+        got = quant.matmul(name, data, rows, cols, x)
+        err = np.abs(got - ref)
+        bound = dot_bound(w, x, act_block)
+        worst = np.max(err / bound)
+        assert np.all(err <= bound), f"{name} {kind} {style}: error {err.max():.3g} exceeds bound by x{worst:.3g}"
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_scalar_and_avx2_agree_bit_for_bit(name):
+    need_isa("avx2")
+    rng = np.random.default_rng(seed(name, "isa"))
+    for kind in ("random", "ones", "high", "zeros"):
+        for rows, cols in ((3, 256), (5, 2560), (2, 4608)):
+            data = make_blocks(name, rows * cols, kind, rng)
+            for style in ("normal", "outlier", "sparse"):
+                for n in (1, 2, 7, 16, 19):
+                    x = make_x(rng, n, cols, style)
+                    a = quant.matmul(name, data, rows, cols, x, isa="scalar")
+                    b = quant.matmul(name, data, rows, cols, x, isa="avx2")
+                    assert_bits_equal(a, b, f"{name} {kind} {rows}x{cols} n={n} {style}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_matmul_same_for_any_batch_and_thread_count(name, isa):
+    need_isa(isa)
+    rng = np.random.default_rng(seed(name, "batch"))
+    rows, cols = 67, 512
+    data = make_blocks(name, rows * cols, "random", rng)
+    x = make_x(rng, 40, cols, "normal")
+    one = Context(1)
+    full = quant.matmul(name, data, rows, cols, x, isa=isa)
+    serial = quant.matmul(name, data, rows, cols, x, isa=isa, ctx=one)
+    assert_bits_equal(full, serial, f"{name}: threads")
+    singles = np.stack([quant.matmul(name, data, rows, cols, x[j], isa=isa, ctx=one) for j in range(len(x))])
+    assert_bits_equal(full, singles, f"{name}: batch 40 vs one column at a time")
+    for n in (2, 5, 16, 17):
+        assert_bits_equal(quant.matmul(name, data, rows, cols, x[:n], isa=isa), full[:n], f"{name}: batch {n}")
+
+
+def test_bad_arguments_raise_with_message():
+    with pytest.raises(Exception, match="unknown type name"):
+        quant.type_id("Q9_9")
+    with pytest.raises(Exception, match="multiple of the block size"):
+        quant.dequantize("Q8_0", bytes(34), 31)
+    with pytest.raises(Exception, match="need 34 bytes"):
+        quant.dequantize("Q8_0", bytes(33), 32)
+    with pytest.raises(Exception, match="weights need"):
+        quant.matmul("Q8_0", bytes(34), 2, 32, np.zeros(32, np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        quant.matmul("Q8_0", bytes(68), 2, 32, np.zeros(31, np.float32))

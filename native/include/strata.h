@@ -88,6 +88,12 @@ strata_status strata_context_init(const strata_context_params *params, strata_co
 void strata_context_free(strata_context *ctx);
 int32_t strata_context_n_threads(const strata_context *ctx);
 
+/* Reads a `bytes` buffer `reps` times on every thread of ctx (NULL: the caller only) and
+ * reports the best pass in GB/s (1e9 bytes/s): the memory read bandwidth the kernels are
+ * measured against. */
+strata_status strata_probe_read_bandwidth(strata_context *ctx, uint64_t bytes, int32_t reps,
+                                          double *gbps);
+
 /* ---------------------------------------------------------------- block formats */
 
 /* Type ids are ggml's (gguf.GGMLQuantizationType), e.g. 0 F32, 1 F16, 8 Q8_0, 12 Q4_K,

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "context.h"
 #include "quant/quant.h"
 #include "kernels/cpu/matmul.h"
 #include "util/error.h"
@@ -111,6 +112,8 @@ void strata_context_free(strata_context *ctx) {
     strata_pool_destroy(ctx->pool);
     free(ctx);
 }
+
+strata_pool *strata_context_pool(strata_context *ctx) { return ctx ? ctx->pool : NULL; }
 
 int32_t strata_context_n_threads(const strata_context *ctx) {
     return ctx ? strata_pool_n_threads(ctx->pool) : 1;

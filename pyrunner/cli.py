@@ -1,0 +1,102 @@
+"""cli.py — the `strata` command: a thin click group; each subcommand calls the library."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _fail(e: Exception) -> click.ClickException:
+    return click.ClickException(str(e))
+
+
+@click.group()
+@click.version_option("0.1.0", prog_name="strata")
+def main():
+    """Strata: run qwen4exp (Qwen3.8-Flash-Next) GGUF models on one machine."""
+
+
+def _short(v, limit=8):
+    if isinstance(v, list):
+        head = ", ".join(_short(x, limit) for x in v[:limit])
+        more = f", ... ({len(v)} items)" if len(v) > limit else ""
+        return f"[{head}{more}]"
+    if isinstance(v, str):
+        return json.dumps(v if len(v) <= 80 else v[:77] + "...", ensure_ascii=False)
+    return repr(v)
+
+
+def type_shares(tensors: list[dict]) -> list[tuple[str, int, float]]:
+    """(type, bytes, share of all tensor bytes) per tensor type, largest first."""
+    total = sum(t["size"] for t in tensors) or 1
+    by = {}
+    for t in tensors:
+        by[t["type"]] = by.get(t["type"], 0) + t["size"]
+    return sorted(((k, v, v / total) for k, v in by.items()), key=lambda r: -r[1])
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(file, as_json):
+    """Show a GGUF file's metadata and tensors (name, type, shape, offset, size)."""
+    from . import gguf_info
+    from ._native import StrataError
+
+    try:
+        info = gguf_info(file)
+    except StrataError as e:
+        raise _fail(e) from None
+    if as_json:
+        json.dump(info, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return
+    md, tensors = info["metadata"], info["tensors"]
+    click.echo(f"{file}: {len(md)} metadata keys, {len(tensors)} tensors")
+    for k, v in md.items():
+        click.echo(f"  {k} = {_short(v)}")
+    click.echo(f"{'tensor':48s} {'type':8s} {'shape':24s} {'offset':>14s} {'size':>14s}")
+    for t in tensors:
+        shape = "x".join(str(d) for d in t["shape"])
+        click.echo(f"{t['name']:48s} {t['type']:8s} {shape:24s} {t['offset']:14d} {t['size']:14d}")
+    click.echo("weights by type:")
+    for name, nbytes, share in type_shares(tensors):
+        click.echo(f"  {name:8s} {nbytes / 2**20:12.2f} MiB {100 * share:6.2f} %")
+
+
+@main.group()
+def bench():
+    """Benchmarks (they measure; nothing here asserts a speed)."""
+
+
+@bench.command("kernels")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--types", default=None, help="Comma-separated type names (default: every supported type).")
+@click.option("--threads", type=int, default=None, envvar="STRATA_THREADS", help="Threads for the all-threads runs.")
+@click.option("--batches", default="1,4,512", show_default=True, help="Comma-separated batch sizes.")
+def bench_kernels(as_json, types, threads, batches):
+    """Matrix x vector / small batch / large batch for every block format at the real model's
+    shapes, one and all threads, with a memory read-bandwidth probe from the same run."""
+    from . import bench as b
+    from . import quant
+    from ._native import StrataError
+
+    names = types.split(",") if types else None
+    if names:
+        known = set(quant.supported_types())
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise click.ClickException(f"unknown or unsupported types {bad}; supported: {sorted(known)}")
+    try:
+        res = b.run(types=names, threads=threads, batches=tuple(int(x) for x in batches.split(",")),
+                    log=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
+    except StrataError as e:
+        raise _fail(e) from None
+    if as_json:
+        json.dump(res, sys.stdout)
+        sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+/* test_api.c — native unit tests of the pieces under everything: status/error reporting,
+ * the thread pool, half-precision conversion, activation quantization (scalar == AVX2). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata.h"
+#include "quant/quant.h"
+#include "util/error.h"
+#include "util/threadpool.h"
+
+static int g_failures;
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            g_failures++;                                                 \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, "\n");                                        \
+        }                                                                 \
+    } while (0)
+
+static void test_errors(void) {
+    CHECK(strata_abi_version() == STRATA_ABI_VERSION, "abi");
+    CHECK(strcmp(strata_status_str(STRATA_ERR_FORMAT), "format error") == 0, "status str");
+    CHECK(strcmp(strata_status_str((strata_status)999), "unknown status") == 0, "bad status");
+    strata_status st = strata_fail(STRATA_ERR_IO, "file %s offset %d", "x.gguf", 12);
+    CHECK(st == STRATA_ERR_IO, "fail returns its status");
+    CHECK(strcmp(strata_last_error(), "file x.gguf offset 12") == 0, "message: %s", strata_last_error());
+    /* long messages are truncated, not overflowed */
+    char big[4096];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    strata_fail(STRATA_ERR_IO, "%s", big);
+    CHECK(strlen(strata_last_error()) < 1024, "truncated");
+    strata_context *ctx = NULL;
+    strata_context_params p = strata_context_default_params();
+    p.n_threads = -3;
+    CHECK(strata_context_init(&p, &ctx) == STRATA_ERR_INVALID_ARG && ctx == NULL, "bad threads");
+    CHECK(strstr(strata_last_error(), "n_threads") != NULL, "message names the argument");
+    strata_type_info ti;
+    CHECK(strata_type_info_get(999, &ti) == STRATA_ERR_UNSUPPORTED, "unknown type");
+    CHECK(strata_type_info_get(-1, &ti) == STRATA_ERR_UNSUPPORTED, "negative type");
+}
+
+typedef struct { int64_t *hits; } pool_arg;
+static void count_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    pool_arg *a = arg;
+    __atomic_fetch_add(&a->hits[task], 1, __ATOMIC_RELAXED);
+}
+
+static void test_pool(void) {
+    for (int nt = 1; nt <= 4; nt++) {
+        strata_pool *pool = strata_pool_create(nt);
+        CHECK(pool != NULL, "pool %d", nt);
+        if (!pool) continue;
+        CHECK(strata_pool_n_threads(pool) == nt, "n_threads");
+        int64_t hits[257];
+        pool_arg a = {hits};
+        for (int round = 0; round < 200; round++) {
+            const int64_t n = 1 + round % 257;
+            memset(hits, 0, sizeof hits);
+            strata_pool_run(pool, count_task, &a, n);
+            for (int64_t i = 0; i < n; i++) CHECK(hits[i] == 1, "task %lld ran %lld times", (long long)i, (long long)hits[i]);
+            for (int64_t i = n; i < 257; i++) CHECK(hits[i] == 0, "task %lld beyond n ran", (long long)i);
+        }
+        strata_pool_run(pool, count_task, &a, 0); /* no tasks: returns at once */
+        strata_pool_destroy(pool);
+    }
+    strata_pool_destroy(NULL);
+}
+
+static void test_fp16(void) {
+    /* every half -> float -> half is the identity (NaNs stay NaN) */
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float f = strata_fp16_to_fp32((uint16_t)h);
+        const uint16_t back = strata_fp32_to_fp16(f);
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
+            CHECK(isnan(f) && (back & 0x7c00u) == 0x7c00u && (back & 0x3ffu), "nan %04x", h);
+        } else {
+            CHECK(back == h, "roundtrip %04x -> %g -> %04x", h, (double)f, back);
+        }
+#if defined(__FLT16_MAX__)
+        _Float16 ref;
+        memcpy(&ref, &h, 2);
+        if (!isnan(f)) CHECK(f == (float)ref, "value of %04x", h);
+#endif
+    }
+#if defined(__FLT16_MAX__)
+    /* float -> half rounds to nearest even like the compiler's conversion */
+    uint32_t state = 12345;
+    for (int i = 0; i < 2000000; i++) {
+        state = state * 1664525u + 1013904223u;
+        uint32_t bits = state;
+        if (i % 3 == 0) bits = (bits & 0x807fffffu) | ((uint32_t)(100 + (state >> 24) % 60) << 23);
+        float f;
+        memcpy(&f, &bits, 4);
+        if (isnan(f)) continue;
+        const _Float16 r = (_Float16)f;
+        uint16_t rb;
+        memcpy(&rb, &r, 2);
+        CHECK(strata_fp32_to_fp16(f) == rb, "fp32 %08x -> %04x, expected %04x", bits, strata_fp32_to_fp16(f), rb);
+        if (g_failures > 20) return;
+    }
+#endif
+}
+
+static void test_act_quant(void) {
+    enum { N = 2560 };
+    static float x[N];
+    static act_q8_32 a32[2][N / 32];
+    static act_q8_256 a256[2][N / 256];
+    uint32_t s = 7;
+    for (int trial = 0; trial < 50; trial++) {
+        for (int i = 0; i < N; i++) {
+            s = s * 1664525u + 1013904223u;
+            x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * (trial % 5 == 0 ? 1e-30f : 3.0f);
+            if (trial % 7 == 3 && i % 40 == 0) x[i] = 0;
+            if (trial % 11 == 4 && i % 97 == 0) x[i] *= 1000;
+        }
+        if (trial == 1) memset(x, 0, sizeof x);
+        for (int isa = 0; isa < (strata_cpu_has_avx2() ? 2 : 1); isa++) {
+            strata_act_quantize_q8_32(x, a32[isa], N, isa);
+            strata_act_quantize_q8_256(x, a256[isa], N, isa);
+        }
+        for (int b = 0; b < N / 32; b++) {
+            float amax = 0;
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+            for (int i = 0; i < 32; i++) {
+                const float err = fabsf(x[b * 32 + i] - a32[0][b].d * (float)a32[0][b].qs[i]);
+                CHECK(err <= amax / 254.0f * 1.0001f + 1e-37f, "q8_32 error %g amax %g", (double)err, (double)amax);
+                CHECK(a32[0][b].qs[i] >= -127 && a32[0][b].qs[i] <= 127, "range");
+                sum += a32[0][b].qs[i];
+            }
+            CHECK(sum == a32[0][b].sum, "sum");
+        }
+        for (int b = 0; b < N / 256; b++)
+            for (int j = 0; j < 16; j++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 16; i++) sum += a256[0][b].qs[16 * j + i];
+                CHECK(sum == a256[0][b].bsums[j], "bsums");
+            }
+        if (strata_cpu_has_avx2()) {
+            CHECK(memcmp(a32[0], a32[1], sizeof a32[0]) == 0, "q8_32 scalar != avx2 (trial %d)", trial);
+            CHECK(memcmp(a256[0], a256[1], sizeof a256[0]) == 0, "q8_256 scalar != avx2 (trial %d)", trial);
+        }
+    }
+}
+
+int main(void) {
+    test_errors();
+    test_pool();
+    test_fp16();
+    test_act_quant();
+    if (g_failures) {
+        fprintf(stderr, "test_api: %d failures\n", g_failures);
+        return 1;
+    }
+    printf("test_api: ok\n");
+    return 0;
+}

@@ -1,0 +1,395 @@
+/* avx2_kquants.c — AVX2 dequantization and dot products of Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS.
+ * Block layouts: avx2_kquants.h. The scalar reference is quant/fmt_kquants.c; both form the
+ * same exact integers per super-block and share the float step (kq_part, kq_part_min), so
+ * they agree bit for bit.
+ *
+ * Decode once, use for every column: a super-block is unpacked into eight 32-byte code
+ * vectors (value 32j+k in byte k of vector j) plus int16 multiplier vectors, then each of up
+ * to KQ_COLS activation rows takes, per vector, maddubs(codes, x) -> madd(., scales) -> add.
+ *
+ * Why the integer sums cannot overflow or saturate, for any block bytes: _mm256_maddubs_epi16
+ * multiplies unsigned codes by activations in [-127, 127] and adds pairs, so it saturates
+ * only if a code exceeds 128. Codes fed to it are Q2_K 0..3, Q3_K 0..7 (offset -4 applied
+ * through the bsums), Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 (offset -32 through the bsums) and
+ * |kvalue| <= 128 for IQ4_XS (sign moved onto x). The int32 totals stay below 2^29.
+ */
+#include "avx2_kquants.h"
+#include "avx2_common.h"
+
+#include "quant_tables.h"
+
+enum { KQ_COLS = 16 }; /* activation rows per weight-block decode */
+
+/* One decoded super-block. */
+typedef struct {
+    __m256i q[8];   /* codes of values 32j..32j+31 (unsigned; |k| for IQ4_XS) */
+    __m256i sc[8];  /* int16 multiplier of every maddubs pair of q[j] (per 16 values) */
+    __m256i sgn[8]; /* IQ4_XS: the signed values, whose signs go onto x */
+    __m256i aux;    /* int16 per-16 multipliers of the bsums: mins, or offset scales */
+    float d, dmin;
+} kq_dec;
+
+static inline float kq_f16(const uint8_t h[2]) { return _cvtsh_ss(strata_rd_u16(h)); }
+
+/* ---------------------------------------------------------------- scale broadcasting */
+
+/* v8: eight int16 scales, one per 32 values -> out[j] = scale j in all 16 lanes. */
+static inline void kq_bcast8(__m128i v8, __m256i out[8]) {
+    const __m256i v = _mm256_broadcastsi128_si256(v8);
+    for (int j = 0; j < 8; j++)
+        out[j] = _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+}
+
+/* v16: sixteen int16 scales, one per 16 values -> out[j] = scale 2j in the low 128-bit lane
+ * (bytes 0-15 of q[j]) and scale 2j+1 in the high lane. */
+static inline void kq_bcast16(__m256i v16, __m256i out[8]) {
+    const __m256i lo = _mm256_permute2x128_si256(v16, v16, 0x00);
+    const __m256i hi = _mm256_permute2x128_si256(v16, v16, 0x11);
+    for (int j = 0; j < 4; j++) {
+        const __m256i pat = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))),
+                                             _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+        out[j] = _mm256_shuffle_epi8(lo, pat);
+        out[j + 4] = _mm256_shuffle_epi8(hi, pat);
+    }
+}
+
+/* ---------------------------------------------------------------- decoders */
+
+/* Q4_K/Q5_K scales: bytes 0-3 sc 0-3 (+ top bits of sc 4-7), 4-7 the mins likewise, 8-11
+ * low nibbles of sc 4-7 / high nibbles of m 4-7. Returns sc (bytes 0-7) and m (bytes 0-7). */
+static inline void kq_k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *m) {
+    const uint32_t w0 = strata_rd_u32(s), w1 = strata_rd_u32(s + 4), w2 = strata_rd_u32(s + 8);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)sc_lo | ((uint64_t)sc_hi << 32);
+    *m = (uint64_t)m_lo | ((uint64_t)m_hi << 32);
+}
+
+/* Scales and mins of Q4_K/Q5_K into D (sc per 32 values, mins as per-16 bsum multipliers). */
+static inline void kq_dec_k4_scales(const uint8_t s[12], kq_dec *D) {
+    uint64_t sc, m;
+    kq_k4_scales(s, &sc, &m);
+    kq_bcast8(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)), D->sc);
+    const __m128i m8 = _mm_cvtsi64_si128((long long)m);
+    D->aux = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... m7 m7 */
+}
+
+static inline void kq_dec_q4_nibbles(const uint8_t qs[128], kq_dec *D) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        D->q[2 * c] = _mm256_and_si256(v, m4);
+        D->q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+}
+
+static inline void kq_dec_q4_k(const kq_block_q4_k *b, kq_dec *D) {
+    kq_dec_k4_scales(b->scales, D);
+    kq_dec_q4_nibbles(b->qs, D);
+    D->d = kq_f16(b->d);
+    D->dmin = kq_f16(b->dmin);
+}
+
+static inline void kq_dec_q5_k(const kq_block_q5_k *b, kq_dec *D) {
+    kq_dec_k4_scales(b->scales, D);
+    kq_dec_q4_nibbles(b->qs, D);
+    /* bit j of qh[k] -> bit 4 of byte k of q[j]; 16-bit shifts of at most 4 never move a
+     * neighbouring byte's bit into bit 4 */
+    const __m256i h = _mm256_loadu_si256((const __m256i *)b->qh), b4 = _mm256_set1_epi8(0x10);
+    D->q[0] = _mm256_or_si256(D->q[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+    D->q[1] = _mm256_or_si256(D->q[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+    D->q[2] = _mm256_or_si256(D->q[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
+    D->q[3] = _mm256_or_si256(D->q[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
+    D->q[4] = _mm256_or_si256(D->q[4], _mm256_and_si256(h, b4));
+    D->q[5] = _mm256_or_si256(D->q[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
+    D->q[6] = _mm256_or_si256(D->q[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
+    D->q[7] = _mm256_or_si256(D->q[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
+    D->d = kq_f16(b->d);
+    D->dmin = kq_f16(b->dmin);
+}
+
+/* 2-bit fields of 64 bytes: value 128c+32s+k = bits 2s.. of byte 32c+k. */
+static inline void kq_dec_2bit(const uint8_t qs[64], kq_dec *D) {
+    const __m256i m2 = _mm256_set1_epi8(3);
+    for (int c = 0; c < 2; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        D->q[4 * c + 0] = _mm256_and_si256(v, m2);
+        D->q[4 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), m2);
+        D->q[4 * c + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m2);
+        D->q[4 * c + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m2);
+    }
+}
+
+static inline void kq_dec_q2_k(const kq_block_q2_k *b, kq_dec *D) {
+    const __m128i s = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0x0F);
+    kq_bcast16(_mm256_cvtepu8_epi16(_mm_and_si128(s, m4)), D->sc);
+    D->aux = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+    kq_dec_2bit(b->qs, D);
+    D->d = kq_f16(b->d);
+    D->dmin = kq_f16(b->dmin);
+}
+
+/* Q3_K scales as 16 int8 (6-bit raw - 32). */
+static inline __m128i kq_q3_scales(const uint8_t s[12]) {
+    const uint32_t a0 = strata_rd_u32(s), a1 = strata_rd_u32(s + 4), a2 = strata_rd_u32(s + 8);
+    const uint32_t l = 0x0f0f0f0fu, h = 0x03030303u;
+    const __m128i v = _mm_setr_epi32((int)((a0 & l) | ((a2 & h) << 4)),
+                                     (int)((a1 & l) | (((a2 >> 2) & h) << 4)),
+                                     (int)(((a0 >> 4) & l) | (((a2 >> 4) & h) << 4)),
+                                     (int)(((a1 >> 4) & l) | (((a2 >> 6) & h) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+static inline void kq_dec_q3_k(const kq_block_q3_k *b, kq_dec *D) {
+    const __m256i s16 = _mm256_cvtepi8_epi16(kq_q3_scales(b->scales));
+    kq_bcast16(s16, D->sc);
+    D->aux = s16;
+    kq_dec_2bit(b->qs, D);
+    /* code = low 2 bits + 4 * (bit j of hmask[k]) in 0..7; the -4 goes through the bsums.
+     * 16-bit shifts move bit j to bit 2 without pulling a neighbouring byte's bit there. */
+    const __m256i h = _mm256_loadu_si256((const __m256i *)b->hmask), b2 = _mm256_set1_epi8(4);
+    D->q[0] = _mm256_or_si256(D->q[0], _mm256_and_si256(_mm256_slli_epi16(h, 2), b2));
+    D->q[1] = _mm256_or_si256(D->q[1], _mm256_and_si256(_mm256_slli_epi16(h, 1), b2));
+    D->q[2] = _mm256_or_si256(D->q[2], _mm256_and_si256(h, b2));
+    D->q[3] = _mm256_or_si256(D->q[3], _mm256_and_si256(_mm256_srli_epi16(h, 1), b2));
+    D->q[4] = _mm256_or_si256(D->q[4], _mm256_and_si256(_mm256_srli_epi16(h, 2), b2));
+    D->q[5] = _mm256_or_si256(D->q[5], _mm256_and_si256(_mm256_srli_epi16(h, 3), b2));
+    D->q[6] = _mm256_or_si256(D->q[6], _mm256_and_si256(_mm256_srli_epi16(h, 4), b2));
+    D->q[7] = _mm256_or_si256(D->q[7], _mm256_and_si256(_mm256_srli_epi16(h, 5), b2));
+    D->d = kq_f16(b->d);
+}
+
+static inline void kq_dec_q6_k(const kq_block_q6_k *b, kq_dec *D) {
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    kq_bcast16(s16, D->sc);
+    D->aux = s16;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x30);
+    for (int c = 0; c < 2; c++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c + 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * c));
+        /* code 0..63 = nibble | (2 high bits << 4); the -32 goes through the bsums */
+        D->q[4 * c + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m6));
+        D->q[4 * c + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m6));
+        D->q[4 * c + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m6));
+        D->q[4 * c + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(h, 2), m6));
+    }
+    D->d = kq_f16(b->d);
+}
+
+static inline void kq_dec_iq4_xs(const kq_block_iq4_xs *b, kq_dec *D) {
+    const uint32_t sh = strata_rd_u16(b->scales_h), sl = strata_rd_u32(b->scales_l);
+    int16_t s[8];
+    for (int j = 0; j < 8; j++) s[j] = (int16_t)((int)(((sl >> (4 * j)) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+    kq_bcast8(_mm_loadu_si128((const __m128i *)s), D->sc);
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_kvalues_iq4nl));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int j = 0; j < 8; j++) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j));
+        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+        D->sgn[j] = _mm256_shuffle_epi8(kv, idx);
+        D->q[j] = _mm256_abs_epi8(D->sgn[j]);
+    }
+    D->d = kq_f16(b->d);
+}
+
+/* ---------------------------------------------------------------- per-column integer sums */
+
+/* sum_j madd(maddubs(q[j], x[32j..]), sc[j]): 8 int32 lanes. */
+static inline __m256i kq_dot8(const kq_dec *D, const int8_t *xq) {
+    __m256i acc = _mm256_madd_epi16(_mm256_maddubs_epi16(D->q[0], _mm256_loadu_si256((const __m256i *)xq)), D->sc[0]);
+    for (int j = 1; j < 8; j++) {
+        const __m256i p = _mm256_maddubs_epi16(D->q[j], _mm256_loadu_si256((const __m256i *)(xq + 32 * j)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, D->sc[j]));
+    }
+    return acc;
+}
+
+/* As kq_dot8 with signed codes: |k| times x carrying the sign of k. */
+static inline __m256i kq_dot8_signed(const kq_dec *D, const int8_t *xq) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + 32 * j)), D->sgn[j]);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(D->q[j], x), D->sc[j]));
+    }
+    return acc;
+}
+
+/* Exact sums of the lanes of a and of b. */
+static inline void kq_hsum2(__m256i a, __m256i b, int32_t *sa, int32_t *sb) {
+    const __m256i h = _mm256_hadd_epi32(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_hadd_epi32(s, s); /* A B A B */
+    *sa = _mm_cvtsi128_si32(s);
+    *sb = _mm_extract_epi32(s, 1);
+}
+
+static inline __m256i kq_bsums(const act_q8_256 *x) { return _mm256_loadu_si256((const __m256i *)x->bsums); }
+
+/* Formats with mins: part = kq_part_min(xd, d, dmin, S, M). */
+static inline float kq_col_min(const kq_dec *D, const act_q8_256 *x) {
+    int32_t S, M;
+    kq_hsum2(kq_dot8(D, x->qs), _mm256_madd_epi16(kq_bsums(x), D->aux), &S, &M);
+    return kq_part_min(x->d, D->d, D->dmin, S, M);
+}
+
+/* Formats with a code offset -2^SH (Q3_K: 4, Q6_K: 32): S = dot - 2^SH * sum_j s_j bsum_j. */
+static inline float kq_col_off(const kq_dec *D, const act_q8_256 *x, int sh) {
+    const __m256i off = _mm256_madd_epi16(kq_bsums(x), D->aux);
+    const __m256i v = _mm256_sub_epi32(kq_dot8(D, x->qs), _mm256_sll_epi32(off, _mm_cvtsi32_si128(sh)));
+    return kq_part(x->d, D->d, strata_hsum_i32x8(v));
+}
+static inline float kq_col_q3(const kq_dec *D, const act_q8_256 *x) { return kq_col_off(D, x, 2); }
+static inline float kq_col_q6(const kq_dec *D, const act_q8_256 *x) { return kq_col_off(D, x, 5); }
+
+static inline float kq_col_iq4(const kq_dec *D, const act_q8_256 *x) {
+    return kq_part(x->d, D->d, strata_hsum_i32x8(kq_dot8_signed(D, x->qs)));
+}
+
+/* ---------------------------------------------------------------- vec_dot */
+
+/* Decodes each weight super-block once per tile of up to KQ_COLS activation rows; the float
+ * part of block b of column c goes to acc[c][b % 8] exactly as in the scalar reference. */
+#define KQ_VEC_DOT(NAME, BLOCK, DECODE, COLUMN)                                                    \
+    void strata_avx2_vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,    \
+                                    int ncols, float *y) {                                         \
+        const BLOCK *w = vw;                                                                       \
+        const int64_t nb = n / QK_K;                                                               \
+        for (int c0 = 0; c0 < ncols; c0 += KQ_COLS) {                                              \
+            const int nc = ncols - c0 < KQ_COLS ? ncols - c0 : KQ_COLS;                            \
+            const char *xc = (const char *)vx + (size_t)c0 * x_stride;                             \
+            float acc[KQ_COLS][8];                                                                 \
+            for (int c = 0; c < nc; c++)                                                           \
+                for (int l = 0; l < 8; l++) acc[c][l] = 0.0f;                                      \
+            for (int64_t b = 0; b < nb; b++) {                                                     \
+                kq_dec D;                                                                          \
+                DECODE(&w[b], &D);                                                                 \
+                for (int c = 0; c < nc; c++) {                                                     \
+                    const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;     \
+                    acc[c][b & 7] += COLUMN(&D, x);                                                \
+                }                                                                                  \
+            }                                                                                      \
+            for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8(acc[c]);                         \
+        }                                                                                          \
+    }
+
+KQ_VEC_DOT(q2_k, kq_block_q2_k, kq_dec_q2_k, kq_col_min)
+KQ_VEC_DOT(q3_k, kq_block_q3_k, kq_dec_q3_k, kq_col_q3)
+KQ_VEC_DOT(q4_k, kq_block_q4_k, kq_dec_q4_k, kq_col_min)
+KQ_VEC_DOT(q5_k, kq_block_q5_k, kq_dec_q5_k, kq_col_min)
+KQ_VEC_DOT(q6_k, kq_block_q6_k, kq_dec_q6_k, kq_col_q6)
+KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, kq_dec_iq4_xs, kq_col_iq4)
+
+/* ---------------------------------------------------------------- dequantization */
+
+/* 16 codes (int8 or uint8) -> dst[0..15] = dl*q (- ml): mul, then sub, as gguf rounds. */
+static inline void kq_deq16(__m128i q, int is_signed, float dl, float ml, int has_min, float *dst) {
+    const __m256i a = is_signed ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q);
+    const __m256i b = is_signed ? _mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)) : _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
+    const __m256 vd = _mm256_set1_ps(dl), vm = _mm256_set1_ps(ml);
+    __m256 fa = _mm256_mul_ps(_mm256_cvtepi32_ps(a), vd), fb = _mm256_mul_ps(_mm256_cvtepi32_ps(b), vd);
+    if (has_min) {
+        fa = _mm256_sub_ps(fa, vm);
+        fb = _mm256_sub_ps(fb, vm);
+    }
+    _mm256_storeu_ps(dst, fa);
+    _mm256_storeu_ps(dst + 8, fb);
+}
+
+/* Writes a decoded block: code vectors cv[8] (value 32j+k in byte k), one scale (and min) per
+ * 16 values: dl[i/16], ml[i/16]. */
+static inline void kq_deq_block(const __m256i cv[8], int is_signed, const float dl[16], const float ml[16],
+                                int has_min, float *dst) {
+    for (int j = 0; j < 8; j++) {
+        kq_deq16(_mm256_castsi256_si128(cv[j]), is_signed, dl[2 * j], ml[2 * j], has_min, dst + 32 * j);
+        kq_deq16(_mm256_extracti128_si256(cv[j], 1), is_signed, dl[2 * j + 1], ml[2 * j + 1], has_min,
+                 dst + 32 * j + 16);
+    }
+}
+
+void strata_avx2_dequant_q2_k(const void *src, float *dst, int64_t n) {
+    const kq_block_q2_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_2bit(b[i].qs, &D);
+        const float d = kq_f16(b[i].d), dmin = kq_f16(b[i].dmin);
+        float dl[16], ml[16];
+        for (int j = 0; j < 16; j++) {
+            dl[j] = d * (float)(b[i].scales[j] & 0xF);
+            ml[j] = dmin * (float)(b[i].scales[j] >> 4);
+        }
+        kq_deq_block(D.q, 0, dl, ml, 1, dst + i * QK_K);
+    }
+}
+
+void strata_avx2_dequant_q3_k(const void *src, float *dst, int64_t n) {
+    const kq_block_q3_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_q3_k(&b[i], &D);
+        int8_t s[16];
+        _mm_storeu_si128((__m128i *)s, kq_q3_scales(b[i].scales));
+        float dl[16];
+        for (int j = 0; j < 16; j++) dl[j] = D.d * (float)s[j];
+        for (int j = 0; j < 8; j++) D.q[j] = _mm256_sub_epi8(D.q[j], _mm256_set1_epi8(4));
+        kq_deq_block(D.q, 1, dl, dl, 0, dst + i * QK_K);
+    }
+}
+
+static inline void kq_deq_k4(const uint8_t scales[12], const __m256i cv[8], float d, float dmin, float *dst) {
+    uint64_t sc, m;
+    kq_k4_scales(scales, &sc, &m);
+    float dl[16], ml[16];
+    for (int j = 0; j < 8; j++) {
+        dl[2 * j] = dl[2 * j + 1] = d * (float)((sc >> (8 * j)) & 0xFF);
+        ml[2 * j] = ml[2 * j + 1] = dmin * (float)((m >> (8 * j)) & 0xFF);
+    }
+    kq_deq_block(cv, 0, dl, ml, 1, dst);
+}
+
+void strata_avx2_dequant_q4_k(const void *src, float *dst, int64_t n) {
+    const kq_block_q4_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_q4_nibbles(b[i].qs, &D);
+        kq_deq_k4(b[i].scales, D.q, kq_f16(b[i].d), kq_f16(b[i].dmin), dst + i * QK_K);
+    }
+}
+
+void strata_avx2_dequant_q5_k(const void *src, float *dst, int64_t n) {
+    const kq_block_q5_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_q5_k(&b[i], &D);
+        kq_deq_k4(b[i].scales, D.q, D.d, D.dmin, dst + i * QK_K);
+    }
+}
+
+void strata_avx2_dequant_q6_k(const void *src, float *dst, int64_t n) {
+    const kq_block_q6_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_q6_k(&b[i], &D);
+        float dl[16];
+        for (int j = 0; j < 16; j++) dl[j] = D.d * (float)b[i].scales[j];
+        for (int j = 0; j < 8; j++) D.q[j] = _mm256_sub_epi8(D.q[j], _mm256_set1_epi8(32));
+        kq_deq_block(D.q, 1, dl, dl, 0, dst + i * QK_K);
+    }
+}
+
+void strata_avx2_dequant_iq4_xs(const void *src, float *dst, int64_t n) {
+    const kq_block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        kq_dec D;
+        kq_dec_iq4_xs(&b[i], &D);
+        const uint32_t sh = strata_rd_u16(b[i].scales_h), sl = strata_rd_u32(b[i].scales_l);
+        float dl[16];
+        for (int j = 0; j < 8; j++) {
+            const int s = (int)(((sl >> (4 * j)) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+            dl[2 * j] = dl[2 * j + 1] = D.d * (float)s;
+        }
+        kq_deq_block(D.sgn, 1, dl, dl, 0, dst + i * QK_K);
+    }
+}

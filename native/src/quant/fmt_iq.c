@@ -1,4 +1,209 @@
-/* fmt_iq.c — IQ2 XXS IQ2 XS IQ3 XXS: scalar reference (not yet written). */
+/*
+ * fmt_iq.c — IQ2_XXS, IQ2_XS, IQ3_XXS: lattice ("grid") codebooks, scalar reference.
+ *
+ * All three cut 256 values into super-blocks with one fp16 scale d. Groups of 8 (IQ2) or 4
+ * (IQ3) values are one grid entry: unsigned magnitudes (IQ2: 8, 25, 43; IQ3: 4 .. 62), byte k
+ * of the little-endian grid word is value k. Signs come in 7-bit indices into ksigns, whose
+ * 8th bit makes the number of minus signs even; bit j of the sign byte negates value j.
+ *
+ *   IQ2_XXS  66 bytes: d f16 | 8 x { u8 grid[4]; u32 w }     per 32 values (w follows grid)
+ *            w bits 7l..7l+6 = sign index of grid entry l, bits 28..31 = scale s;
+ *            value = d * (0.5 + s) * 0.25 * grid * sign
+ *   IQ2_XS   74 bytes: d f16 | u16 qs[32] | u8 scales[8]
+ *            qs bits 0..8 = grid entry (512), bits 9..15 = sign index; 8 values per qs;
+ *            scale nibble j (byte j/2, low nibble first) covers 16 values (qs 2j, 2j+1);
+ *            value = d * (0.5 + s) * 0.25 * grid * sign
+ *   IQ3_XXS  98 bytes: d f16 | u8 qs[64] | u32 w[8]
+ *            qs = grid entry (256 x 4 values); w[i] covers values 32i..32i+31: bits 7l..7l+6
+ *            sign index of values 32i+8l..+7 (grid entries qs[8i+2l], qs[8i+2l+1]),
+ *            bits 28..31 scale s; value = d * (0.5 + s) * 0.5 * grid * sign
+ *
+ * Dequantization rounds like gguf.quants: db = (d * (0.5 + s)) * f; value = (db * grid) * sign.
+ *
+ * Dot products multiply against act_q8_256. Inside a super-block everything is integer:
+ * isum = sum over scale groups of (2s + 1) * sum(grid * sign * q8), which is exact
+ * (|isum| <= 256 * 62 * 127 * 31 < 2^31). Since (0.5 + s) * f = (2s + 1) * f / 2, block b adds
+ *     part = ((d * x.d) * (float)isum) * f/2        (f/2 = 1/8 for IQ2, 1/4 for IQ3)
+ * to lane b % 8; the AVX2 kernels (kernels/cpu/avx2_iq.c) compute the same expression.
+ */
 #include "quant.h"
+#include "quant_tables.h"
+#include "../kernels/cpu/avx2_iq.h"
 
-void strata_quant_register_iq(strata_qtraits *t) { (void)t; }
+enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98 };
+
+/* ---------------------------------------------------------------- dequantization */
+
+static void dequant_iq2_xxs(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++, b += IQ2XXS_SIZE) {
+        const float d = strata_fp16_to_fp32(strata_rd_u16(b));
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *grid_idx = b + 2 + 8 * ib;
+            const uint32_t w = strata_rd_u32(grid_idx + 4);
+            const float db = d * (0.5f + (float)(w >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const uint64_t g = strata_iq2xxs_grid[grid_idx[l]];
+                const uint8_t signs = strata_ksigns_iq2xs[(w >> (7 * l)) & 127];
+                for (int j = 0; j < 8; j++) {
+                    const float v = db * (float)(uint8_t)(g >> (8 * j));
+                    *dst++ = (signs >> j) & 1 ? -v : v;
+                }
+            }
+        }
+    }
+}
+
+static void dequant_iq2_xs(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++, b += IQ2XS_SIZE) {
+        const float d = strata_fp16_to_fp32(strata_rd_u16(b));
+        const uint8_t *scales = b + 66;
+        for (int ig = 0; ig < 16; ig++) {
+            const uint32_t s = (scales[ig / 2] >> (4 * (ig % 2))) & 15;
+            const float db = d * (0.5f + (float)s) * 0.25f;
+            for (int l = 0; l < 2; l++) {
+                const uint16_t q = strata_rd_u16(b + 2 + 2 * (2 * ig + l));
+                const uint64_t g = strata_iq2xs_grid[q & 511];
+                const uint8_t signs = strata_ksigns_iq2xs[q >> 9];
+                for (int j = 0; j < 8; j++) {
+                    const float v = db * (float)(uint8_t)(g >> (8 * j));
+                    *dst++ = (signs >> j) & 1 ? -v : v;
+                }
+            }
+        }
+    }
+}
+
+static void dequant_iq3_xxs(const void *src, float *dst, int64_t n) {
+    const uint8_t *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++, b += IQ3XXS_SIZE) {
+        const float d = strata_fp16_to_fp32(strata_rd_u16(b));
+        const uint8_t *qs = b + 2;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint32_t w = strata_rd_u32(b + 66 + 4 * ib);
+            const float db = d * (0.5f + (float)(w >> 28)) * 0.5f;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t signs = strata_ksigns_iq2xs[(w >> (7 * l)) & 127];
+                const uint64_t g = (uint64_t)strata_iq3xxs_grid[qs[8 * ib + 2 * l]] |
+                                   (uint64_t)strata_iq3xxs_grid[qs[8 * ib + 2 * l + 1]] << 32;
+                for (int j = 0; j < 8; j++) {
+                    const float v = db * (float)(uint8_t)(g >> (8 * j));
+                    *dst++ = (signs >> j) & 1 ? -v : v;
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- dot products */
+
+/* sum_j grid_j * sign_j * q_j over the 8 values of one grid word. */
+static inline int32_t dot8(uint64_t g, uint8_t signs, const int8_t *q) {
+    int32_t s = 0;
+    for (int j = 0; j < 8; j++) {
+        const int32_t v = (int32_t)(uint8_t)(g >> (8 * j)) * q[j];
+        s += (signs >> j) & 1 ? -v : v;
+    }
+    return s;
+}
+
+static int32_t isum_iq2_xxs(const uint8_t *b, const int8_t *q) {
+    int32_t isum = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t *grid_idx = b + 2 + 8 * ib;
+        const uint32_t w = strata_rd_u32(grid_idx + 4);
+        int32_t s = 0;
+        for (int l = 0; l < 4; l++)
+            s += dot8(strata_iq2xxs_grid[grid_idx[l]], strata_ksigns_iq2xs[(w >> (7 * l)) & 127],
+                      q + 32 * ib + 8 * l);
+        isum += (int32_t)(2 * (w >> 28) + 1) * s;
+    }
+    return isum;
+}
+
+static int32_t isum_iq2_xs(const uint8_t *b, const int8_t *q) {
+    int32_t isum = 0;
+    for (int ig = 0; ig < 16; ig++) {
+        const int32_t ls = 2 * ((b[66 + ig / 2] >> (4 * (ig % 2))) & 15) + 1;
+        int32_t s = 0;
+        for (int l = 0; l < 2; l++) {
+            const uint16_t qs = strata_rd_u16(b + 2 + 2 * (2 * ig + l));
+            s += dot8(strata_iq2xs_grid[qs & 511], strata_ksigns_iq2xs[qs >> 9], q + 16 * ig + 8 * l);
+        }
+        isum += ls * s;
+    }
+    return isum;
+}
+
+static int32_t isum_iq3_xxs(const uint8_t *b, const int8_t *q) {
+    int32_t isum = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t w = strata_rd_u32(b + 66 + 4 * ib);
+        const uint8_t *qs = b + 2 + 8 * ib;
+        int32_t s = 0;
+        for (int l = 0; l < 4; l++) {
+            const uint64_t g = (uint64_t)strata_iq3xxs_grid[qs[2 * l]] |
+                               (uint64_t)strata_iq3xxs_grid[qs[2 * l + 1]] << 32;
+            s += dot8(g, strata_ksigns_iq2xs[(w >> (7 * l)) & 127], q + 32 * ib + 8 * l);
+        }
+        isum += (int32_t)(2 * (w >> 28) + 1) * s;
+    }
+    return isum;
+}
+
+typedef int32_t (*isum_fn)(const uint8_t *b, const int8_t *q);
+
+static inline void vec_dot_iq(int64_t n, const void *w, const void *x, size_t x_stride, int ncols,
+                              float *y, size_t type_size, isum_fn isum, float half_f) {
+    const int64_t nb = n / QK_K;
+    for (int c = 0; c < ncols; c++) {
+        const act_q8_256 *xc = (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
+        const uint8_t *b = w;
+        float acc[8] = {0};
+        for (int64_t i = 0; i < nb; i++, b += type_size) {
+            const float d = strata_fp16_to_fp32(strata_rd_u16(b));
+            const int32_t is = isum(b, xc[i].qs);
+            acc[i % 8] += d * xc[i].d * (float)is * half_f;
+        }
+        y[c] = strata_hsum8(acc);
+    }
+}
+
+static void vec_dot_iq2_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XXS_SIZE, isum_iq2_xxs, 0.125f);
+}
+
+static void vec_dot_iq2_xs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XS_SIZE, isum_iq2_xs, 0.125f);
+}
+
+static void vec_dot_iq3_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, isum_iq3_xxs, 0.25f);
+}
+
+/* ---------------------------------------------------------------- registration */
+
+void strata_quant_register_iq(strata_qtraits *t) {
+    t[GT_IQ2_XXS] = (strata_qtraits){
+        .name = "IQ2_XXS", .type = GT_IQ2_XXS, .block_size = QK_K, .type_size = IQ2XXS_SIZE,
+        .act = STRATA_ACT_Q8_256,
+        .dequant = {dequant_iq2_xxs, NULL}, .vec_dot = {vec_dot_iq2_xxs, NULL}};
+    t[GT_IQ2_XS] = (strata_qtraits){
+        .name = "IQ2_XS", .type = GT_IQ2_XS, .block_size = QK_K, .type_size = IQ2XS_SIZE,
+        .act = STRATA_ACT_Q8_256,
+        .dequant = {dequant_iq2_xs, NULL}, .vec_dot = {vec_dot_iq2_xs, NULL}};
+    t[GT_IQ3_XXS] = (strata_qtraits){
+        .name = "IQ3_XXS", .type = GT_IQ3_XXS, .block_size = QK_K, .type_size = IQ3XXS_SIZE,
+        .act = STRATA_ACT_Q8_256,
+        .dequant = {dequant_iq3_xxs, NULL}, .vec_dot = {vec_dot_iq3_xxs, NULL}};
+#if STRATA_HAVE_AVX2
+    /* api.c only selects these after strata_cpu_has_avx2() said yes. */
+    t[GT_IQ2_XXS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq2_xxs;
+    t[GT_IQ2_XXS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq2_xxs;
+    t[GT_IQ2_XS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq2_xs;
+    t[GT_IQ2_XS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq2_xs;
+    t[GT_IQ3_XXS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq3_xxs;
+    t[GT_IQ3_XXS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq3_xxs;
+#endif
+}

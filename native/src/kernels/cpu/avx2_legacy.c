@@ -1,0 +1,179 @@
+/* avx2_legacy.c — AVX2 dequantization and dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+ * Layouts and the float operations per block: quant/fmt_legacy.c (done here in the same
+ * order, so results match the scalar reference bit for bit).
+ *
+ * A dot product walks the row in groups of 8 blocks (block b -> lane b % 8). A group's
+ * weights are decoded once into maddubs operands and then applied to every column:
+ *   Q4_x/Q5_x  codes 0..31 times the int8 activations; Q4_0/Q5_0 subtract 8 or 16 times the
+ *              activation code sum afterwards (exact), which avoids a sign step per column.
+ *   Q8_0       |q| times the activations with q's sign moved onto them (|q| <= 128).
+ */
+#include "avx2_legacy.h"
+#include "avx2_common.h"
+#include "avx2_q8.h"
+
+typedef enum { QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q8_0 } qlfmt;
+
+enum { QL_MAX_COLS = 16, QL_MAX_TS = 34 };
+
+static inline int ql_ts(qlfmt f) {
+    switch (f) {
+    case QL_Q4_0: return 18;
+    case QL_Q4_1: return 20;
+    case QL_Q5_0: return 22;
+    case QL_Q5_1: return 24;
+    default: return 34;
+    }
+}
+
+static inline int ql_has_min(qlfmt f) { return f == QL_Q4_1 || f == QL_Q5_1; }
+
+/* Code offset of the symmetric formats: w = d * (q - offset). */
+static inline int ql_offset(qlfmt f) { return f == QL_Q4_0 ? 8 : f == QL_Q5_0 ? 16 : 0; }
+
+/* 0x10 in byte j where bit j of qh is set. */
+static inline __m256i q5_high_bits(uint32_t qh) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 codes of the block at p in value order: 0..31 for Q4/Q5, int8 for Q8_0. */
+static inline __m256i ql_codes(qlfmt f, const uint8_t *p) {
+    switch (f) {
+    case QL_Q4_0: return q8_nibbles(p + 2);
+    case QL_Q4_1: return q8_nibbles(p + 4);
+    case QL_Q5_0: return _mm256_or_si256(q8_nibbles(p + 6), q5_high_bits(strata_rd_u32(p + 2)));
+    case QL_Q5_1: return _mm256_or_si256(q8_nibbles(p + 8), q5_high_bits(strata_rd_u32(p + 4)));
+    default: return _mm256_loadu_si256((const __m256i *)(p + 2));
+    }
+}
+
+/* ---------------------------------------------------------------- dequantization */
+
+static inline void ql_dequant(qlfmt f, const void *src, float *dst, int64_t n) {
+    const uint8_t *p = src;
+    const int ts = ql_ts(f);
+    for (int64_t b = 0; b < n / 32; b++, p += ts, dst += 32) {
+        __m256i v = ql_codes(f, p);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(strata_rd_u16(p)));
+        if (!ql_has_min(f)) {
+            if (ql_offset(f)) v = _mm256_sub_epi8(v, _mm256_set1_epi8((char)ql_offset(f)));
+            q8_store_scaled(v, d, dst);
+            continue;
+        }
+        /* d * q + m, rounded twice as gguf.quants does */
+        const __m256 m = _mm256_set1_ps(_cvtsh_ss(strata_rd_u16(p + 2)));
+        const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+        const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++) {
+            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[k]));
+            _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_mul_ps(d, q), m));
+        }
+    }
+}
+
+void strata_avx2_dequant_q4_0(const void *src, float *dst, int64_t n) { ql_dequant(QL_Q4_0, src, dst, n); }
+void strata_avx2_dequant_q4_1(const void *src, float *dst, int64_t n) { ql_dequant(QL_Q4_1, src, dst, n); }
+void strata_avx2_dequant_q5_0(const void *src, float *dst, int64_t n) { ql_dequant(QL_Q5_0, src, dst, n); }
+void strata_avx2_dequant_q5_1(const void *src, float *dst, int64_t n) { ql_dequant(QL_Q5_1, src, dst, n); }
+void strata_avx2_dequant_q8_0(const void *src, float *dst, int64_t n) { ql_dequant(QL_Q8_0, src, dst, n); }
+
+/* ---------------------------------------------------------------- dot products */
+
+/* Eight blocks, decoded once for all columns. */
+typedef struct {
+    __m256i wu[8]; /* maddubs weight operand: codes, or |q| for Q8_0 */
+    __m256i ws[8]; /* Q8_0 only: q itself (sign source) */
+    __m256 d, m;   /* lane k: scale and min of block k */
+} ql_group;
+
+static inline void ql_decode(qlfmt f, const uint8_t *p, ql_group *g) {
+    const int ts = ql_ts(f);
+    for (int k = 0; k < 8; k++) {
+        const __m256i v = ql_codes(f, p + k * ts);
+        if (f == QL_Q8_0) {
+            g->ws[k] = v;
+            g->wu[k] = _mm256_abs_epi8(v); /* -128 -> 0x80, i.e. 128 unsigned */
+        } else {
+            g->wu[k] = v;
+        }
+    }
+    const __m256i s = q8_gather_u32(p, ts);
+    g->d = q8_f16_lanes(s, 0);
+    if (ql_has_min(f)) g->m = q8_f16_lanes(s, 1);
+}
+
+/* acc += the float parts of the group's 8 blocks against activation blocks a[0..7]. */
+static inline __m256 ql_col(qlfmt f, const ql_group *g, const act_q8_32 *a, __m256 acc) {
+    __m256i p[8];
+    for (int k = 0; k < 8; k++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)a[k].qs);
+        p[k] = f == QL_Q8_0 ? q8_dot_s8(g->wu[k], g->ws[k], y) : q8_dot_u8(g->wu[k], y);
+    }
+    __m256i sumi = q8_reduce8(p);
+    const __m256 dx = q8_act_d8(a, 1);
+    if (ql_offset(f))
+        sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(q8_act_sum8(a), _mm256_set1_epi32(ql_offset(f))));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(g->d, dx), _mm256_cvtepi32_ps(sumi), acc);
+    if (ql_has_min(f))
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(g->m, dx), _mm256_cvtepi32_ps(q8_act_sum8(a)), acc);
+    return acc;
+}
+
+static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
+                              int ncols, float *y) {
+    const int ts = ql_ts(f);
+    const int64_t nb = n / 32;
+    const uint8_t *wp = w;
+    for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
+        const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
+        const act_q8_32 *xa[QL_MAX_COLS];
+        __m256 acc[QL_MAX_COLS];
+        for (int c = 0; c < nc; c++) {
+            xa[c] = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
+            acc[c] = _mm256_setzero_ps();
+        }
+        ql_group g;
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8) {
+            ql_decode(f, wp + b * ts, &g);
+            for (int c = 0; c < nc; c++) acc[c] = ql_col(f, &g, xa[c] + b, acc[c]);
+        }
+        if (b < nb) {
+            /* Last partial group: zero-padded copies; the padded lanes are blended away so
+             * that they stay exactly as the scalar code leaves them (untouched). */
+            const int rem = (int)(nb - b);
+            uint8_t wbuf[8 * QL_MAX_TS] = {0};
+            memcpy(wbuf, wp + b * ts, (size_t)rem * (size_t)ts);
+            ql_decode(f, wbuf, &g);
+            const __m256 keep = q8_lane_mask(rem);
+            for (int c = 0; c < nc; c++) {
+                act_q8_32 abuf[8];
+                memset(abuf, 0, sizeof abuf);
+                memcpy(abuf, xa[c] + b, (size_t)rem * sizeof(act_q8_32));
+                acc[c] = _mm256_blendv_ps(acc[c], ql_col(f, &g, abuf, acc[c]), keep);
+            }
+        }
+        for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);
+    }
+}
+
+void strata_avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    ql_vec_dot(QL_Q4_0, n, w, x, xs, nc, y);
+}
+void strata_avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    ql_vec_dot(QL_Q4_1, n, w, x, xs, nc, y);
+}
+void strata_avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    ql_vec_dot(QL_Q5_0, n, w, x, xs, nc, y);
+}
+void strata_avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    ql_vec_dot(QL_Q5_1, n, w, x, xs, nc, y);
+}
+void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    ql_vec_dot(QL_Q8_0, n, w, x, xs, nc, y);
+}

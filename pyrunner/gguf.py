@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ._native import check, ffi, lib
 
@@ -20,7 +21,11 @@ def _type_name(t: int) -> str:
     info = ffi.new("strata_type_info *")
     if lib.strata_type_info_get(t, info) == lib.STRATA_OK:
         return ffi.string(info.name).decode()
-    return f"type{t}"
+    # element types the reader accepts without kernels (I8..I64, F64): gguf's own names
+    try:
+        return GGMLQuantizationType(t).name
+    except ValueError:
+        return f"type{t}"
 
 
 class GGUFFile:

@@ -63,7 +63,7 @@ def _abi_version(text: str) -> int:
 def _lib_path() -> str:
     env = os.environ.get("STRATA_LIB")
     if env:
-        return env
+        return os.path.abspath(env)
     p = _PKG / "libstrata.so"
     if not p.is_file():
         raise ImportError(f"{p} is missing: build the package with `pip install -e .` (or set STRATA_LIB)")

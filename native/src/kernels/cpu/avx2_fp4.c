@@ -21,13 +21,17 @@ static inline const int8_t *f4_table(f4fmt f) {
     return f == F4_IQ4_NL ? strata_kvalues_iq4nl : f == F4_MXFP4 ? strata_kvalues_mxfp4 : strata_kvalues_nvfp4;
 }
 
-/* The 32 codes of NVFP4 half h (sub-blocks 2h, 2h+1) in value order. */
-static inline __m256i nv_codes(const uint8_t *p, int h) {
-    const __m128i x = _mm_loadu_si128((const __m128i *)(p + 4 + 16 * h));
-    const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(x, m), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
-    /* sub-block 2h: low nibbles of bytes 0..7, then their high nibbles; 2h+1: bytes 8..15 */
-    return _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+/* The 64 codes of the NVFP4 block at p in value order, as two 32-code entries: c[0] =
+ * sub-blocks 0 | 1 (one per 128-bit half), c[1] = sub-blocks 2 | 3. */
+static inline void nv_codes(const uint8_t *p, __m256i c[2]) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(p + 4));
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    const __m256i lo = _mm256_and_si256(x, m), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
+    /* 128-bit half L of x holds sub-blocks 2L (bytes 0..7) and 2L+1 (bytes 8..15): low
+     * nibbles of a sub-block's bytes are its values 0..7, high nibbles values 8..15 */
+    const __m256i even = _mm256_unpacklo_epi64(lo, hi), odd = _mm256_unpackhi_epi64(lo, hi);
+    c[0] = _mm256_permute2x128_si256(even, odd, 0x20);
+    c[1] = _mm256_permute2x128_si256(even, odd, 0x31);
 }
 
 /* Lane k: the E8M0 byte of lane k (low 8 bits) as strata_e8m0_half does. */
@@ -39,18 +43,24 @@ static inline __m256 e8m0_half8(__m256i v) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, is_small));
 }
 
-/* Lane k: byte j of lane k decoded as strata_ue4m3_half does. */
-static inline __m256 ue4m3_half8(__m256i v, int j) {
-    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(0xff));
-    const __m256i e = _mm256_and_si256(_mm256_srli_epi32(x, 3), _mm256_set1_epi32(0x0f));
-    const __m256i m = _mm256_and_si256(x, _mm256_set1_epi32(0x07));
-    const __m256i normal = _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(119)), 23),
-                                           _mm256_slli_epi32(m, 20));
-    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(0x1p-10f));
-    const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
-    const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, is_sub);
-    const __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(x, _mm256_set1_epi32(0x7f)));
-    return _mm256_andnot_ps(is_nan, r);
+/* d[j] lane k = strata_ue4m3_half(byte j of lane k of v), for all four bytes at once.
+ * Bytes 0x7f are zeroed first (they decode to 0). Then bits = ((x & 0x7f) << 20) + (119 << 23)
+ * reads as f = (1 + m/8) * 2^(e-8): the value for e >= 1. For e == 0, f = (8 + m) * 2^-11 is
+ * below 2^-7 and the value wanted, m * 2^-10, is exactly 2f - 2^-7. No subnormal is formed, so
+ * a caller's denormals-are-zero mode cannot change the result. */
+static inline void ue4m3_half8x4(__m256i v, __m256 d[4]) {
+    v = _mm256_andnot_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(0x7f)), v);
+    __m256i x[4];
+    x[0] = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), 20);
+    x[1] = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f00)), 12);
+    x[2] = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f0000)), 4);
+    x[3] = _mm256_srli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f000000)), 4);
+    const __m256 lim = _mm256_set1_ps(0x1p-7f);
+    for (int j = 0; j < 4; j++) {
+        const __m256 f = _mm256_castsi256_ps(_mm256_add_epi32(x[j], _mm256_set1_epi32(119 << 23)));
+        const __m256 sub = _mm256_fmsub_ps(f, _mm256_set1_ps(2.0f), lim);
+        d[j] = _mm256_blendv_ps(f, sub, _mm256_cmp_ps(f, lim, _CMP_LT_OQ));
+    }
 }
 
 /* ---------------------------------------------------------------- dequantization */
@@ -82,68 +92,81 @@ void strata_avx2_dequant_nvfp4(const void *src, float *dst, int64_t n) {
     const uint8_t *p = src;
     const __m256i tab = q8_table16(strata_kvalues_nvfp4);
     for (int64_t b = 0; b < n / 64; b++, p += 36, dst += 64) {
-        for (int h = 0; h < 2; h++) {
-            const __m256i v = _mm256_shuffle_epi8(tab, nv_codes(p, h));
-            store_scaled2(v, _mm256_set1_ps(strata_ue4m3_half(p[2 * h])),
+        __m256i c[2];
+        nv_codes(p, c);
+        for (int h = 0; h < 2; h++)
+            store_scaled2(_mm256_shuffle_epi8(tab, c[h]), _mm256_set1_ps(strata_ue4m3_half(p[2 * h])),
                           _mm256_set1_ps(strata_ue4m3_half(p[2 * h + 1])), dst + 32 * h);
-        }
     }
 }
 
 /* ---------------------------------------------------------------- dot products */
 
-/* Eight blocks, decoded once for all columns. IQ4_NL/MXFP4 use the first 8 entries of wu/ws
- * (one per block); NVFP4 uses 16: entry 2k + h is half h (32 values) of block k. */
+/* Eight blocks' weights as maddubs operands. IQ4_NL/MXFP4 use entries 0..7 (block k);
+ * NVFP4 uses 16: entry 2k + h is half h (values 32h .. 32h+31) of block k. */
 typedef struct {
     __m256i wu[16]; /* |value| (maddubs unsigned operand) */
     __m256i ws[16]; /* value (sign source) */
-    __m256 d[4];    /* IQ4_NL/MXFP4: d[0] lane k = scale of block k; NVFP4: d[j] = s_j */
-} f4_group;
+} f4_weights;
 
-static inline void f4_decode(f4fmt f, const uint8_t *p, f4_group *g, __m256i tab, __m256i atab) {
+/* Scales of 8 blocks: IQ4_NL/MXFP4 d[0] (lane k = block k); NVFP4 d[j] = sub-block j. */
+typedef struct {
+    __m256 d[4];
+} f4_scales;
+
+static inline void f4_load_scales(f4fmt f, const uint8_t *p, f4_scales *s) {
     const int ts = f4_ts(f);
-    const __m256i s = q8_gather_u32(p, ts);
-    if (f == F4_NVFP4) {
-        for (int k = 0; k < 8; k++) {
-            for (int h = 0; h < 2; h++) {
-                const __m256i c = nv_codes(p + k * ts, h);
-                g->wu[2 * k + h] = _mm256_shuffle_epi8(atab, c);
-                g->ws[2 * k + h] = _mm256_shuffle_epi8(tab, c);
-            }
-        }
-        for (int j = 0; j < 4; j++) g->d[j] = ue4m3_half8(s, j);
-        return;
-    }
-    const int off = f == F4_IQ4_NL ? 2 : 1;
-    for (int k = 0; k < 8; k++) {
-        const __m256i c = q8_nibbles(p + k * ts + off);
-        g->wu[k] = _mm256_shuffle_epi8(atab, c);
-        g->ws[k] = _mm256_shuffle_epi8(tab, c);
-    }
-    g->d[0] = f == F4_IQ4_NL ? q8_f16_lanes(s, 0) : e8m0_half8(s);
+    if (f == F4_IQ4_NL) s->d[0] = q8_load_f16x8(p, ts, 0);
+    else if (f == F4_MXFP4) s->d[0] = e8m0_half8(q8_load_u32x8(p, ts));
+    else ue4m3_half8x4(q8_load_u32x8(p, ts), s->d);
 }
 
-/* acc += the float parts of the group's 8 blocks; a = the group's first activation block. */
-static inline __m256 f4_col(f4fmt f, const f4_group *g, const act_q8_32 *a, __m256 acc) {
+/* Operands of block k of the group at p: one entry (IQ4_NL, MXFP4) or two (NVFP4). */
+static inline void f4_operands(f4fmt f, const uint8_t *p, int k, __m256i tab, __m256i atab,
+                               __m256i *wu, __m256i *ws) {
+    const int ts = f4_ts(f);
+    __m256i c[2];
+    if (f == F4_NVFP4) nv_codes(p + k * ts, c);
+    else c[0] = q8_nibbles(p + k * ts + (f == F4_IQ4_NL ? 2 : 1));
+    for (int h = 0; h < (f == F4_NVFP4 ? 2 : 1); h++) {
+        wu[h] = _mm256_shuffle_epi8(atab, c[h]);
+        ws[h] = _mm256_shuffle_epi8(tab, c[h]);
+    }
+}
+
+/* acc += the float parts of 8 blocks against the activations from a (the group's first
+ * activation block). Weights come decoded (w != NULL; several columns) or are decoded here
+ * from p (one column: nothing stored and reloaded). */
+static inline __m256 f4_col(f4fmt f, const f4_weights *w, const uint8_t *p, const f4_scales *s,
+                            __m256i tab, __m256i atab, const act_q8_32 *a, __m256 acc) {
+    const int ne = f == F4_NVFP4 ? 2 : 1; /* entries (activation blocks) per weight block */
+    __m256i m[2][8];
+    for (int k = 0; k < 8; k++) {
+        __m256i wu[2], ws[2];
+        if (w) {
+            for (int h = 0; h < ne; h++) wu[h] = w->wu[ne * k + h], ws[h] = w->ws[ne * k + h];
+        } else {
+            f4_operands(f, p, k, tab, atab, wu, ws);
+        }
+        for (int h = 0; h < ne; h++) {
+            const __m256i y = _mm256_loadu_si256((const __m256i *)a[ne * k + h].qs);
+            m[h][k] = _mm256_maddubs_epi16(wu[h], _mm256_sign_epi8(y, ws[h]));
+        }
+    }
     if (f != F4_NVFP4) {
-        __m256i p[8];
-        for (int k = 0; k < 8; k++)
-            p[k] = q8_dot_s8(g->wu[k], g->ws[k], _mm256_loadu_si256((const __m256i *)a[k].qs));
-        const __m256 sumi = _mm256_cvtepi32_ps(q8_reduce8(p));
-        return _mm256_fmadd_ps(_mm256_mul_ps(g->d[0], q8_act_d8(a, 1)), sumi, acc);
+        /* MXFP4 |values| <= 12: 16 products <= 24384 fit int16; IQ4_NL's up to 127 need 32 bits */
+        const __m256i sumi = f == F4_MXFP4 ? q8_reduce8_i16_16(m[0]) : q8_reduce8_madd(m[0]);
+        return _mm256_fmadd_ps(_mm256_mul_ps(s->d[0], q8_act_d8(a, 1)), _mm256_cvtepi32_ps(sumi), acc);
     }
     __m256 fi[4];
     for (int h = 0; h < 2; h++) {
-        __m256i p[8], lo, hi;
-        for (int k = 0; k < 8; k++)
-            p[k] = q8_dot_s8(g->wu[2 * k + h], g->ws[2 * k + h],
-                             _mm256_loadu_si256((const __m256i *)a[2 * k + h].qs));
-        q8_reduce8_halves(p, &lo, &hi); /* lane k: sub-blocks 2h and 2h+1 of block k */
-        fi[2 * h] = _mm256_cvtepi32_ps(lo);
-        fi[2 * h + 1] = _mm256_cvtepi32_ps(hi);
+        /* |values| <= 12: a sub-block's 16 products fit int16. Low half: sub-block 2h. */
+        const __m256i r = q8_hsum16x8_16(m[h]);
+        fi[2 * h] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(r)));
+        fi[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
     }
-    const __m256 t0 = _mm256_fmadd_ps(g->d[0], fi[0], _mm256_mul_ps(g->d[1], fi[1]));
-    const __m256 t1 = _mm256_fmadd_ps(g->d[2], fi[2], _mm256_mul_ps(g->d[3], fi[3]));
+    const __m256 t0 = _mm256_fmadd_ps(s->d[0], fi[0], _mm256_mul_ps(s->d[1], fi[1]));
+    const __m256 t1 = _mm256_fmadd_ps(s->d[2], fi[2], _mm256_mul_ps(s->d[3], fi[3]));
     acc = _mm256_fmadd_ps(t0, q8_act_d8(a, 2), acc);
     return _mm256_fmadd_ps(t1, q8_act_d8(a + 1, 2), acc);
 }
@@ -165,11 +188,21 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
             xa[c] = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
             acc[c] = _mm256_setzero_ps();
         }
-        f4_group g;
+        f4_weights g;
+        f4_scales sc;
         int64_t b = 0;
-        for (; b + 8 <= nb; b += 8) {
-            f4_decode(f, wp + b * ts, &g, tab, atab);
-            for (int c = 0; c < nc; c++) acc[c] = f4_col(f, &g, xa[c] + b * apb, acc[c]);
+        if (nc == 1) {
+            for (; b + 8 <= nb; b += 8) {
+                f4_load_scales(f, wp + b * ts, &sc);
+                acc[0] = f4_col(f, NULL, wp + b * ts, &sc, tab, atab, xa[0] + b * apb, acc[0]);
+            }
+        } else {
+            for (; b + 8 <= nb; b += 8) {
+                const uint8_t *p = wp + b * ts;
+                for (int k = 0; k < 8; k++) f4_operands(f, p, k, tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
+                f4_load_scales(f, p, &sc);
+                for (int c = 0; c < nc; c++) acc[c] = f4_col(f, &g, NULL, &sc, tab, atab, xa[c] + b * apb, acc[c]);
+            }
         }
         if (b < nb) {
             /* Last partial group: zero-padded copies; padded lanes are blended away so they
@@ -177,13 +210,13 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
             const int rem = (int)(nb - b);
             uint8_t wbuf[8 * 36] = {0};
             memcpy(wbuf, wp + b * ts, (size_t)rem * (size_t)ts);
-            f4_decode(f, wbuf, &g, tab, atab);
+            f4_load_scales(f, wbuf, &sc);
             const __m256 keep = q8_lane_mask(rem);
             for (int c = 0; c < nc; c++) {
                 act_q8_32 abuf[16];
                 memset(abuf, 0, sizeof abuf);
                 memcpy(abuf, xa[c] + b * apb, (size_t)(rem * apb) * sizeof(act_q8_32));
-                acc[c] = _mm256_blendv_ps(acc[c], f4_col(f, &g, abuf, acc[c]), keep);
+                acc[c] = _mm256_blendv_ps(acc[c], f4_col(f, NULL, wbuf, &sc, tab, atab, abuf, acc[c]), keep);
             }
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);

@@ -84,44 +84,57 @@ void strata_avx2_dequant_q8_0(const void *src, float *dst, int64_t n) { ql_dequa
 
 /* ---------------------------------------------------------------- dot products */
 
-/* Eight blocks, decoded once for all columns. */
+/* Eight blocks' weights as maddubs operands. */
 typedef struct {
-    __m256i wu[8]; /* maddubs weight operand: codes, or |q| for Q8_0 */
+    __m256i wu[8]; /* unsigned operand: codes, or |q| for Q8_0 */
     __m256i ws[8]; /* Q8_0 only: q itself (sign source) */
-    __m256 d, m;   /* lane k: scale and min of block k */
-} ql_group;
+} ql_weights;
 
-static inline void ql_decode(qlfmt f, const uint8_t *p, ql_group *g) {
-    const int ts = ql_ts(f);
-    for (int k = 0; k < 8; k++) {
-        const __m256i v = ql_codes(f, p + k * ts);
-        if (f == QL_Q8_0) {
-            g->ws[k] = v;
-            g->wu[k] = _mm256_abs_epi8(v); /* -128 -> 0x80, i.e. 128 unsigned */
-        } else {
-            g->wu[k] = v;
-        }
+static inline void ql_block_operands(qlfmt f, const uint8_t *p, __m256i *wu, __m256i *ws) {
+    const __m256i v = ql_codes(f, p);
+    if (f == QL_Q8_0) {
+        *ws = v;
+        *wu = _mm256_abs_epi8(v); /* -128 -> 0x80, i.e. 128 unsigned */
+    } else {
+        *wu = v;
     }
-    const __m256i s = q8_gather_u32(p, ts);
-    g->d = q8_f16_lanes(s, 0);
-    if (ql_has_min(f)) g->m = q8_f16_lanes(s, 1);
 }
 
-/* acc += the float parts of the group's 8 blocks against activation blocks a[0..7]. */
-static inline __m256 ql_col(qlfmt f, const ql_group *g, const act_q8_32 *a, __m256 acc) {
-    __m256i p[8];
+/* acc += the float parts of 8 blocks against activation blocks a[0..7]. The weights come
+ * decoded (w != NULL; several columns) or are decoded here from p (one column: nothing is
+ * stored and reloaded). d, m: lane k = scale and min of block k. */
+static inline __m256 ql_col(qlfmt f, const ql_weights *w, const uint8_t *p, __m256 d, __m256 m,
+                            const act_q8_32 *a, __m256 acc) {
+    const int ts = ql_ts(f);
+    __m256i pk[8];
     for (int k = 0; k < 8; k++) {
+        __m256i wu, ws = _mm256_setzero_si256();
+        if (w) {
+            wu = w->wu[k];
+            if (f == QL_Q8_0) ws = w->ws[k];
+        } else {
+            ql_block_operands(f, p + k * ts, &wu, &ws);
+        }
         const __m256i y = _mm256_loadu_si256((const __m256i *)a[k].qs);
-        p[k] = f == QL_Q8_0 ? q8_dot_s8(g->wu[k], g->ws[k], y) : q8_dot_u8(g->wu[k], y);
+        pk[k] = f == QL_Q8_0 ? q8_dot_s8(wu, ws, y) : _mm256_maddubs_epi16(wu, y);
     }
-    __m256i sumi = q8_reduce8(p);
-    const __m256 dx = q8_act_d8(a, 1);
-    if (ql_offset(f))
-        sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(q8_act_sum8(a), _mm256_set1_epi32(ql_offset(f))));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(g->d, dx), _mm256_cvtepi32_ps(sumi), acc);
-    if (ql_has_min(f))
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(g->m, dx), _mm256_cvtepi32_ps(q8_act_sum8(a)), acc);
+    /* |codes| <= 15 (Q4) keep 16 products within 15 * 127 * 16 = 30480, <= 31 (Q5) keep
+     * 8 within 31496: those sums fit int16. Q8_0 needs 32-bit sums (madd above). */
+    __m256i sumi = f == QL_Q8_0 ? q8_reduce8(pk)
+                 : (f == QL_Q4_0 || f == QL_Q4_1) ? q8_reduce8_i16_16(pk) : q8_reduce8_i16_8(pk);
+    __m256 dx;
+    __m256i sumy = _mm256_setzero_si256();
+    q8_act_ds8(a, 1, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);
+    if (ql_offset(f)) sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(sumy, _mm256_set1_epi32(ql_offset(f))));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi), acc);
+    if (ql_has_min(f)) acc = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), _mm256_cvtepi32_ps(sumy), acc);
     return acc;
+}
+
+/* The scales (and mins) of the 8 blocks at p. */
+static inline void ql_scales(qlfmt f, const uint8_t *p, __m256 *d, __m256 *m) {
+    *d = q8_load_f16x8(p, ql_ts(f), 0);
+    *m = ql_has_min(f) ? q8_load_f16x8(p, ql_ts(f), 2) : _mm256_setzero_ps();
 }
 
 static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
@@ -137,11 +150,21 @@ static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, 
             xa[c] = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
             acc[c] = _mm256_setzero_ps();
         }
-        ql_group g;
+        ql_weights g;
+        __m256 d, m;
         int64_t b = 0;
-        for (; b + 8 <= nb; b += 8) {
-            ql_decode(f, wp + b * ts, &g);
-            for (int c = 0; c < nc; c++) acc[c] = ql_col(f, &g, xa[c] + b, acc[c]);
+        if (nc == 1) {
+            for (; b + 8 <= nb; b += 8) {
+                ql_scales(f, wp + b * ts, &d, &m);
+                acc[0] = ql_col(f, NULL, wp + b * ts, d, m, xa[0] + b, acc[0]);
+            }
+        } else {
+            for (; b + 8 <= nb; b += 8) {
+                const uint8_t *p = wp + b * ts;
+                for (int k = 0; k < 8; k++) ql_block_operands(f, p + k * ts, &g.wu[k], &g.ws[k]);
+                ql_scales(f, p, &d, &m);
+                for (int c = 0; c < nc; c++) acc[c] = ql_col(f, &g, NULL, d, m, xa[c] + b, acc[c]);
+            }
         }
         if (b < nb) {
             /* Last partial group: zero-padded copies; the padded lanes are blended away so
@@ -149,13 +172,13 @@ static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, 
             const int rem = (int)(nb - b);
             uint8_t wbuf[8 * QL_MAX_TS] = {0};
             memcpy(wbuf, wp + b * ts, (size_t)rem * (size_t)ts);
-            ql_decode(f, wbuf, &g);
+            ql_scales(f, wbuf, &d, &m);
             const __m256 keep = q8_lane_mask(rem);
             for (int c = 0; c < nc; c++) {
                 act_q8_32 abuf[8];
                 memset(abuf, 0, sizeof abuf);
                 memcpy(abuf, xa[c] + b, (size_t)rem * sizeof(act_q8_32));
-                acc[c] = _mm256_blendv_ps(acc[c], ql_col(f, &g, abuf, acc[c]), keep);
+                acc[c] = _mm256_blendv_ps(acc[c], ql_col(f, NULL, wbuf, d, m, abuf, acc[c]), keep);
             }
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);

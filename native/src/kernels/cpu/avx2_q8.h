@@ -42,39 +42,88 @@ static inline __m256i q8_reduce8(const __m256i p[8]) {
     return _mm256_add_epi32(lo, hi);
 }
 
-/* Lane k = y[step * k].d. */
+/* Lane k = the total of block k from maddubs outputs m[k], summed in 32 bits (any range). */
+static inline __m256i q8_reduce8_madd(const __m256i m[8]) {
+    __m256i p[8];
+    for (int k = 0; k < 8; k++) p[k] = _mm256_madd_epi16(m[k], _mm256_set1_epi16(1));
+    return q8_reduce8(p);
+}
+
+/* The activation scales (d) and code sums of blocks y[0], y[step], ..., y[7 * step], lane k
+ * for block step * k. Built from 64-bit loads of each block's {d, sum} head: on Zen 4 and
+ * Intel cores eight separate loads cost a fraction of one vpgatherdd. */
+static inline void q8_act_ds8(const act_q8_32 *y, int step, __m256 *d, __m256i *sum) {
+#define Q8_DS2(i, j) _mm_castpd_ps(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)&y[(i) * step])), \
+                                             (const double *)&y[(j) * step]))
+    /* each 128-bit half holds {d, sum} of two blocks */
+    const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(Q8_DS2(0, 1)), Q8_DS2(4, 5), 1);
+    const __m256 b = _mm256_insertf128_ps(_mm256_castps128_ps256(Q8_DS2(2, 3)), Q8_DS2(6, 7), 1);
+#undef Q8_DS2
+    *d = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    if (sum) *sum = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 static inline __m256 q8_act_d8(const act_q8_32 *y, int step) {
-    const int s = step * (int)(sizeof(act_q8_32) / 4);
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s));
-    return _mm256_i32gather_ps(&y->d, idx, 4);
+    __m256 d;
+    q8_act_ds8(y, step, &d, NULL);
+    return d;
 }
 
-/* Lane k = y[k].sum. */
-static inline __m256i q8_act_sum8(const act_q8_32 *y) {
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                           _mm256_set1_epi32((int)(sizeof(act_q8_32) / 4)));
-    return _mm256_i32gather_epi32((const int *)&y->sum, idx, 4);
+/* Lane k = the 4 bytes at p + k * ts (little-endian). Packed in general-purpose registers
+ * (idle in these loops) instead of a gather. */
+static inline __m256i q8_load_u32x8(const uint8_t *p, int ts) {
+    uint64_t v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = (uint64_t)strata_rd_u32(p + 2 * k * ts) | (uint64_t)strata_rd_u32(p + (2 * k + 1) * ts) << 32;
+    return _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
 }
 
-/* Lane k = the 4 bytes at p + k * ts (little-endian); ts >= 4. */
-static inline __m256i q8_gather_u32(const uint8_t *p, int ts) {
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(ts));
-    return _mm256_i32gather_epi32((const int *)p, idx, 1);
-}
-
-/* The low (hi16 = 0) or high (hi16 = 1) 16 bits of each lane, read as F16. */
-static inline __m256 q8_f16_lanes(__m256i v, int hi16) {
-    v = hi16 ? _mm256_srli_epi32(v, 16) : _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
-    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    return _mm256_cvtph_ps(h);
+/* Lane k = the F16 at p + k * ts + off. */
+static inline __m256 q8_load_f16x8(const uint8_t *p, int ts, int off) {
+    uint64_t v[2] = {0, 0};
+    for (int k = 0; k < 8; k++) v[k / 4] |= (uint64_t)strata_rd_u16(p + k * ts + off) << (16 * (k % 4));
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)v[1], (long long)v[0]));
 }
 
 /* 16 packed bytes -> 32 nibble codes: low nibbles first (values 0..15), then high nibbles
- * (values 16..31): the layout of Q4_0, Q4_1, Q5_x, IQ4_NL and MXFP4 blocks. */
+ * (values 16..31): the layout of Q4_0, Q4_1, Q5_x, IQ4_NL and MXFP4 blocks. The bytes are
+ * broadcast to both halves and the upper half shifted by 4 (bits crossing into a neighbour
+ * byte are masked off). */
 static inline __m256i q8_nibbles(const uint8_t *qs) {
-    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i v = _mm256_srlv_epi32(x, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* Reductions of maddubs outputs in 16-bit lanes, cheaper than madd + 32-bit sums. m[k] = the
+ * 16 int16 pair sums of block k (maddubs, no madd). Exact only while the sums named below
+ * fit in int16 (hadd_epi16 wraps): the caller checks its value ranges.
+ *
+ * q8_hsum16x8_16: lane k of the low half = sum of m[k]'s low 128 bits (16 products), lane
+ * 8 + k = the same for the high 128 bits. Needs |16 products| <= 32767. */
+static inline __m256i q8_hsum16x8_16(const __m256i m[8]) {
+    const __m256i a = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
+    const __m256i b = _mm256_hadd_epi16(_mm256_hadd_epi16(m[4], m[5]), _mm256_hadd_epi16(m[6], m[7]));
+    /* a, b: 8-product sums, two per block per half; one more level gives 16-product sums */
+    return _mm256_hadd_epi16(a, b);
+}
+
+/* Lane k = the total of block k (32 products) from maddubs outputs; |16 products| <= 32767. */
+static inline __m256i q8_reduce8_i16_16(const __m256i m[8]) {
+    const __m256i r = q8_hsum16x8_16(m);
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(r)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
+}
+
+/* The same when only 8 products are known to fit int16 (|8 products| <= 32767). */
+static inline __m256i q8_reduce8_i16_8(const __m256i m[8]) {
+    const __m256i one = _mm256_set1_epi16(1);
+    const __m256i a = _mm256_madd_epi16(
+        _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3])), one);
+    const __m256i b = _mm256_madd_epi16(
+        _mm256_hadd_epi16(_mm256_hadd_epi16(m[4], m[5]), _mm256_hadd_epi16(m[6], m[7])), one);
+    /* a = [blocks 0..3, values 0..15 | blocks 0..3, values 16..31], b for blocks 4..7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /* First k lanes set (k in 0..8). */

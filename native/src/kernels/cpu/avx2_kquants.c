@@ -55,24 +55,25 @@ static inline void kq_bcast16(__m256i v16, __m256i out[8]) {
 
 /* ---------------------------------------------------------------- decoders */
 
-/* Q4_K/Q5_K scales: bytes 0-3 sc 0-3 (+ top bits of sc 4-7), 4-7 the mins likewise, 8-11
- * low nibbles of sc 4-7 / high nibbles of m 4-7. Returns sc (bytes 0-7) and m (bytes 0-7). */
-static inline void kq_k4_scales(const uint8_t s[12], uint64_t *sc, uint64_t *m) {
+/* Q4_K/Q5_K scales -> bytes 0-7: sc 0-7, bytes 8-15: m 0-7. Packing (6-bit values):
+ * bytes 0-3 sc 0-3 (top 2 bits: sc 4-7's high bits), 4-7 m 0-3 (likewise for m 4-7),
+ * 8-11 low nibble sc 4-7, high nibble m 4-7. Done on general registers, which the vector
+ * code leaves idle. */
+static inline __m128i kq_k4_scales(const uint8_t s[12]) {
     const uint32_t w0 = strata_rd_u32(s), w1 = strata_rd_u32(s + 4), w2 = strata_rd_u32(s + 8);
     const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
     const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
     const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
-    *sc = (uint64_t)sc_lo | ((uint64_t)sc_hi << 32);
-    *m = (uint64_t)m_lo | ((uint64_t)m_hi << 32);
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
 }
 
 /* Scales and mins of Q4_K/Q5_K into D (sc per 32 values, mins as per-16 bsum multipliers). */
 static inline void kq_dec_k4_scales(const uint8_t s[12], kq_dec *D) {
-    uint64_t sc, m;
-    kq_k4_scales(s, &sc, &m);
-    kq_bcast8(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)), D->sc);
-    const __m128i m8 = _mm_cvtsi64_si128((long long)m);
-    D->aux = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... m7 m7 */
+    const __m256i t = _mm256_broadcastsi128_si256(kq_k4_scales(s));
+    for (int j = 0; j < 8; j++) D->sc[j] = _mm256_shuffle_epi8(t, _mm256_set1_epi16((short)(0x8000 | j)));
+    /* m0 m0 m1 m1 ... m7 m7 as int16 (bsums come per 16 values, mins per 32) */
+    D->aux = _mm256_shuffle_epi8(t, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                                     12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
 }
 
 static inline void kq_dec_q4_nibbles(const uint8_t qs[128], kq_dec *D) {
@@ -207,80 +208,118 @@ static inline __m256i kq_dot8(const kq_dec *D, const int8_t *xq) {
     return acc;
 }
 
-/* As kq_dot8 with signed codes: |k| times x carrying the sign of k. */
-static inline __m256i kq_dot8_signed(const kq_dec *D, const int8_t *xq) {
+static inline __m256i kq_bsums_x(const kq_dec *D, const act_q8_256 *x) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), D->aux);
+}
+
+/* S as 8 int32 lanes (their sum is the block's S), per format. */
+static inline __m256i kq_s_plain(const kq_dec *D, const act_q8_256 *x) { return kq_dot8(D, x->qs); }
+/* Q3_K / Q6_K: codes carry +4 / +32, so S = dot - 4 (32) * sum_j s_j bsum_j. */
+static inline __m256i kq_s_q3(const kq_dec *D, const act_q8_256 *x) {
+    return _mm256_sub_epi32(kq_dot8(D, x->qs), _mm256_slli_epi32(kq_bsums_x(D, x), 2));
+}
+static inline __m256i kq_s_q6(const kq_dec *D, const act_q8_256 *x) {
+    return _mm256_sub_epi32(kq_dot8(D, x->qs), _mm256_slli_epi32(kq_bsums_x(D, x), 5));
+}
+/* IQ4_XS: |k| times x carrying the sign of k. */
+static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
     __m256i acc = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
-        const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + 32 * j)), D->sgn[j]);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(D->q[j], x), D->sc[j]));
+        const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * j)), D->sgn[j]);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(D->q[j], xs), D->sc[j]));
     }
     return acc;
 }
 
-/* Exact sums of the lanes of a and of b. */
-static inline void kq_hsum2(__m256i a, __m256i b, int32_t *sa, int32_t *sb) {
-    const __m256i h = _mm256_hadd_epi32(a, b); /* a01 a23 b01 b23 | a45 a67 b45 b67 */
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    s = _mm_hadd_epi32(s, s); /* A B A B */
-    *sa = _mm_cvtsi128_si32(s);
-    *sb = _mm_extract_epi32(s, 1);
-}
-
-static inline __m256i kq_bsums(const act_q8_256 *x) { return _mm256_loadu_si256((const __m256i *)x->bsums); }
-
-/* Formats with mins: part = kq_part_min(xd, d, dmin, S, M). */
-static inline float kq_col_min(const kq_dec *D, const act_q8_256 *x) {
-    int32_t S, M;
-    kq_hsum2(kq_dot8(D, x->qs), _mm256_madd_epi16(kq_bsums(x), D->aux), &S, &M);
-    return kq_part_min(x->d, D->d, D->dmin, S, M);
-}
-
-/* Formats with a code offset -2^SH (Q3_K: 4, Q6_K: 32): S = dot - 2^SH * sum_j s_j bsum_j. */
-static inline float kq_col_off(const kq_dec *D, const act_q8_256 *x, int sh) {
-    const __m256i off = _mm256_madd_epi16(kq_bsums(x), D->aux);
-    const __m256i v = _mm256_sub_epi32(kq_dot8(D, x->qs), _mm256_sll_epi32(off, _mm_cvtsi32_si128(sh)));
-    return kq_part(x->d, D->d, strata_hsum_i32x8(v));
-}
-static inline float kq_col_q3(const kq_dec *D, const act_q8_256 *x) { return kq_col_off(D, x, 2); }
-static inline float kq_col_q6(const kq_dec *D, const act_q8_256 *x) { return kq_col_off(D, x, 5); }
-
-static inline float kq_col_iq4(const kq_dec *D, const act_q8_256 *x) {
-    return kq_part(x->d, D->d, strata_hsum_i32x8(kq_dot8_signed(D, x->qs)));
+/* Eight vectors of 8 int32 -> one vector whose lane i is the (exact) sum of v[i]. A
+ * transpose-and-add with one-uop unpacks: vphaddd is several uops on current cores. */
+static inline __m256i kq_reduce8(const __m256i v[8]) {
+    __m256i s[4];
+    for (int k = 0; k < 4; k++) /* lanes (0+2, 1+3) of v[2k], v[2k+1], interleaved, per half */
+        s[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
+                                _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
+    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+    /* t0 = v0..v3 summed over each 128-bit half, t1 = v4..v7 likewise */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
 }
 
 /* ---------------------------------------------------------------- vec_dot */
 
-/* Decodes each weight super-block once per tile of up to KQ_COLS activation rows; the float
- * part of block b of column c goes to acc[c][b % 8] exactly as in the scalar reference. */
-#define KQ_VEC_DOT(NAME, BLOCK, DECODE, COLUMN)                                                    \
+/* One tile of nc <= KQ_COLS activation rows; block b's float part goes to lane b % 8.
+ * Full groups of eight blocks: each weight block is decoded once and its S (and M) vectors
+ * kept per column; then, per column, the eight S (M) are reduced to one vector and the float
+ * step runs lane-wise with the scalar reference's operations ((xd*d)*S [- (xd*dmin)*M], then
+ * acc += part). The last nb % 8 blocks take the same float step one lane at a time. */
+#define KQ_VEC_DOT(NAME, BLOCK, DECODE, SVEC, HAS_MIN)                                             \
+    static inline __attribute__((always_inline)) void kq_tile_##NAME(                             \
+        const BLOCK *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) {           \
+        __m256 acc[KQ_COLS];                                                                       \
+        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();                                 \
+        int64_t b0 = 0;                                                                            \
+        for (; b0 + 8 <= nb; b0 += 8) {                                                            \
+            __m256i sv[KQ_COLS][8], mv[HAS_MIN ? KQ_COLS : 1][8];                                  \
+            float dv[8], dmv[8];                                                                   \
+            for (int i = 0; i < 8; i++) {                                                          \
+                kq_dec D;                                                                          \
+                DECODE(&w[b0 + i], &D);                                                            \
+                dv[i] = D.d;                                                                       \
+                dmv[i] = HAS_MIN ? D.dmin : 0.0f;                                                  \
+                for (int c = 0; c < nc; c++) {                                                     \
+                    const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b0 + i; \
+                    sv[c][i] = SVEC(&D, x);                                                        \
+                    if (HAS_MIN) mv[HAS_MIN ? c : 0][i] = kq_bsums_x(&D, x);                       \
+                }                                                                                  \
+            }                                                                                      \
+            const __m256 d8 = _mm256_loadu_ps(dv), dm8 = _mm256_loadu_ps(dmv);                     \
+            for (int c = 0; c < nc; c++) {                                                         \
+                const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b0;        \
+                const __m256 xd = _mm256_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d,  \
+                                                 x[6].d, x[7].d);                                  \
+                __m256 part = _mm256_mul_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(kq_reduce8(sv[c]))); \
+                if (HAS_MIN)                                                                       \
+                    part = _mm256_sub_ps(part, _mm256_mul_ps(_mm256_mul_ps(xd, dm8),               \
+                                                             _mm256_cvtepi32_ps(kq_reduce8(mv[HAS_MIN ? c : 0])))); \
+                acc[c] = _mm256_add_ps(acc[c], part);                                              \
+            }                                                                                      \
+        }                                                                                          \
+        if (b0 == nb) {                                                                            \
+            for (int c = 0; c < nc; c++) y[c] = strata_hsum8_avx2(acc[c]);                         \
+            return;                                                                                \
+        }                                                                                          \
+        float lanes[KQ_COLS][8];                                                                   \
+        for (int c = 0; c < nc; c++) _mm256_storeu_ps(lanes[c], acc[c]);                           \
+        for (int64_t b = b0; b < nb; b++) {                                                        \
+            kq_dec D;                                                                              \
+            DECODE(&w[b], &D);                                                                     \
+            for (int c = 0; c < nc; c++) {                                                         \
+                const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;         \
+                int32_t S, M = 0;                                                                  \
+                if (HAS_MIN) S = strata_hsum_i32x8(SVEC(&D, x)), M = strata_hsum_i32x8(kq_bsums_x(&D, x)); \
+                else S = strata_hsum_i32x8(SVEC(&D, x));                                           \
+                lanes[c][b & 7] += HAS_MIN ? kq_part_min(x->d, D.d, D.dmin, S, M) : kq_part(x->d, D.d, S); \
+            }                                                                                      \
+        }                                                                                          \
+        for (int c = 0; c < nc; c++) y[c] = strata_hsum8(lanes[c]);                                \
+    }                                                                                              \
     void strata_avx2_vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,    \
                                     int ncols, float *y) {                                         \
-        const BLOCK *w = vw;                                                                       \
         const int64_t nb = n / QK_K;                                                               \
         for (int c0 = 0; c0 < ncols; c0 += KQ_COLS) {                                              \
             const int nc = ncols - c0 < KQ_COLS ? ncols - c0 : KQ_COLS;                            \
             const char *xc = (const char *)vx + (size_t)c0 * x_stride;                             \
-            float acc[KQ_COLS][8];                                                                 \
-            for (int c = 0; c < nc; c++)                                                           \
-                for (int l = 0; l < 8; l++) acc[c][l] = 0.0f;                                      \
-            for (int64_t b = 0; b < nb; b++) {                                                     \
-                kq_dec D;                                                                          \
-                DECODE(&w[b], &D);                                                                 \
-                for (int c = 0; c < nc; c++) {                                                     \
-                    const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;     \
-                    acc[c][b & 7] += COLUMN(&D, x);                                                \
-                }                                                                                  \
-            }                                                                                      \
-            for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8(acc[c]);                         \
+            /* one column (decode): a constant nc lets everything stay in registers */            \
+            if (nc == 1) kq_tile_##NAME(vw, nb, xc, x_stride, 1, y + c0);                          \
+            else kq_tile_##NAME(vw, nb, xc, x_stride, nc, y + c0);                                 \
         }                                                                                          \
     }
 
-KQ_VEC_DOT(q2_k, kq_block_q2_k, kq_dec_q2_k, kq_col_min)
-KQ_VEC_DOT(q3_k, kq_block_q3_k, kq_dec_q3_k, kq_col_q3)
-KQ_VEC_DOT(q4_k, kq_block_q4_k, kq_dec_q4_k, kq_col_min)
-KQ_VEC_DOT(q5_k, kq_block_q5_k, kq_dec_q5_k, kq_col_min)
-KQ_VEC_DOT(q6_k, kq_block_q6_k, kq_dec_q6_k, kq_col_q6)
-KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, kq_dec_iq4_xs, kq_col_iq4)
+KQ_VEC_DOT(q2_k, kq_block_q2_k, kq_dec_q2_k, kq_s_plain, 1)
+KQ_VEC_DOT(q3_k, kq_block_q3_k, kq_dec_q3_k, kq_s_q3, 0)
+KQ_VEC_DOT(q4_k, kq_block_q4_k, kq_dec_q4_k, kq_s_plain, 1)
+KQ_VEC_DOT(q5_k, kq_block_q5_k, kq_dec_q5_k, kq_s_plain, 1)
+KQ_VEC_DOT(q6_k, kq_block_q6_k, kq_dec_q6_k, kq_s_q6, 0)
+KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, kq_dec_iq4_xs, kq_s_iq4, 0)
 
 /* ---------------------------------------------------------------- dequantization */
 
@@ -339,12 +378,12 @@ void strata_avx2_dequant_q3_k(const void *src, float *dst, int64_t n) {
 }
 
 static inline void kq_deq_k4(const uint8_t scales[12], const __m256i cv[8], float d, float dmin, float *dst) {
-    uint64_t sc, m;
-    kq_k4_scales(scales, &sc, &m);
+    uint8_t t[16];
+    _mm_storeu_si128((__m128i *)t, kq_k4_scales(scales));
     float dl[16], ml[16];
     for (int j = 0; j < 8; j++) {
-        dl[2 * j] = dl[2 * j + 1] = d * (float)((sc >> (8 * j)) & 0xFF);
-        ml[2 * j] = ml[2 * j + 1] = dmin * (float)((m >> (8 * j)) & 0xFF);
+        dl[2 * j] = dl[2 * j + 1] = d * (float)t[j];
+        ml[2 * j] = ml[2 * j + 1] = dmin * (float)t[8 + j];
     }
     kq_deq_block(cv, 0, dl, ml, 1, dst);
 }

@@ -58,6 +58,8 @@ class GGUFFile:
             if et in _NP:
                 buf = ffi.buffer(v.data, v.count * np.dtype(_NP[et]).itemsize) if v.count else b""
                 return np.frombuffer(bytes(buf), dtype=np.dtype(_NP[et]).newbyteorder("<")).tolist()
+            if et == lib.STRATA_GGUF_STRING and v.count:
+                return self._strings(v)
             out = []
             e = ffi.new("strata_gguf_value *")
             for i in range(v.count):
@@ -66,6 +68,23 @@ class GGUFFile:
             return out
         dt = np.dtype(_NP[t]).newbyteorder("<")
         return np.frombuffer(bytes(ffi.buffer(v.data, dt.itemsize)), dtype=dt)[0].item()
+
+    def _strings(self, v) -> list[str]:
+        """An array of strings in one read: its elements lie back to back in the file
+        (u64 length, bytes), from element 0 to the end of the last one."""
+        first = ffi.new("strata_gguf_value *")
+        last = ffi.new("strata_gguf_value *")
+        check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), 0, first))
+        check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), v.count - 1, last))
+        start = ffi.cast("const char *", first.data) - 8
+        span = (last.offset + 8 + last.count) - first.offset
+        raw = ffi.buffer(start, span)[:]
+        out, pos = [], 0
+        for _ in range(v.count):
+            n = int.from_bytes(raw[pos:pos + 8], "little")
+            out.append(raw[pos + 8:pos + 8 + n].decode("utf-8", "replace"))
+            pos += 8 + n
+        return out
 
     def metadata(self) -> dict:
         md = {}

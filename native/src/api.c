@@ -12,6 +12,10 @@
 #include "util/error.h"
 #include "util/threadpool.h"
 
+#if STRATA_HAVE_AVX2
+#include <cpuid.h>
+#endif
+
 struct strata_context {
     strata_pool *pool;
 };
@@ -41,9 +45,11 @@ const char *strata_build_info(void) {
 
 int strata_cpu_has_avx2(void) {
 #if STRATA_HAVE_AVX2
+    /* F16C through cpuid: clang 14 (the fuzz build) rejects __builtin_cpu_supports("f16c") */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return 0;
 #endif

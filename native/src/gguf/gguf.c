@@ -162,27 +162,29 @@ static strata_status need(const gguf_parser *p, uint64_t pos, uint64_t n, const 
     return STRATA_OK;
 }
 
-/* Reserves n pool entries; n is bounded by the bytes left, so the pool stays a fraction of
- * the file's size. */
-static strata_status pool_reserve(gguf_parser *p, uint64_t n, uint64_t *first) {
-    gguf_file *f = p->f;
-    if (n > (UINT64_MAX / 16) - f->pool_len)
-        return strata_fail(STRATA_ERR_NOMEM, "%s: element table too large", f->name);
-    const uint64_t want = f->pool_len + n;
-    if (want > p->pool_cap) {
-        uint64_t cap = p->pool_cap ? p->pool_cap : 64;
-        while (cap < want) cap *= 2;
-        if (cap > SIZE_MAX / sizeof(uint64_t))
-            return strata_fail(STRATA_ERR_NOMEM, "%s: element table too large", f->name);
-        uint64_t *pool = realloc(f->pool, (size_t)cap * sizeof(uint64_t));
-        if (!pool)
-            return strata_fail(STRATA_ERR_NOMEM, "%s: cannot allocate an element table of %" PRIu64
-                               " entries", f->name, cap);
-        f->pool = pool;
-        p->pool_cap = cap;
-    }
-    *first = f->pool_len;
-    f->pool_len = want;
+/* Room for one more element of a growing array (capacity doubles). The tables grow with
+ * what has been parsed, never with a count read from the file, so memory stays a small
+ * multiple of the bytes actually read even when a count is corrupt. Returns the (possibly
+ * moved) array, or NULL with *v untouched. */
+static void *grow(void *v, uint64_t *cap, uint64_t len, size_t elem) {
+    if (len < *cap) return v;
+    const uint64_t c = *cap ? *cap * 2 : 16;
+    if (c > SIZE_MAX / elem) return NULL;
+    void *nv = realloc(v, (size_t)c * elem);
+    if (nv) *cap = c;
+    return nv;
+}
+
+static strata_status nomem(const gguf_parser *p, const char *what) {
+    return strata_fail(STRATA_ERR_NOMEM, "%s: out of memory for the %s", p->f->name, what);
+}
+
+/* Appends to a u64 list (the element pool or a temporary one). */
+static strata_status push_u64(const gguf_parser *p, uint64_t **v, uint64_t *len, uint64_t *cap, uint64_t x) {
+    uint64_t *nv = grow(*v, cap, *len, sizeof **v);
+    if (!nv) return nomem(p, "array element table");
+    nv[(*len)++] = x;
+    *v = nv;
     return STRATA_OK;
 }
 
@@ -263,36 +265,45 @@ static strata_status parse_value(gguf_parser *p, uint64_t *pos, uint32_t type, s
         return STRATA_OK;
     }
 
-    /* Strings take at least 8 bytes and arrays at least 12: bound n before reserving. */
+    /* Strings take at least 8 bytes and arrays at least 12: a count that cannot fit is
+     * rejected here, before any element is looked at. */
     const uint64_t min_elem = et == STRATA_GGUF_STRING ? 8 : 12;
-    const uint64_t stride = et == STRATA_GGUF_STRING ? 1 : 2;
     if (n > left(p, body) / min_elem)
         return perr(p, at + 4, "array count %" PRIu64 " of %s cannot fit in the %" PRIu64 " bytes left",
                     n, value_type_name(et), left(p, body));
-    uint64_t first = 0;
-    if ((st = pool_reserve(p, n * stride, &first))) return st;
-    out->node = first;
 
+    gguf_file *f = p->f;
     uint64_t cur = body;
     const int level = p->depth;
     p->depth++;
-    for (uint64_t i = 0; i < n; i++) {
-        p->idx[level] = i;
-        if (et == STRATA_GGUF_STRING) {
+    if (et == STRATA_GGUF_STRING) {
+        /* nothing else enters the pool while the strings are read: they land contiguously */
+        out->node = f->pool_len;
+        for (uint64_t i = 0; i < n; i++) {
             const uint8_t *s;
             uint64_t len;
-            p->f->pool[first + i] = cur;
-            st = parse_string(p, &cur, "string", &s, &len);
-        } else {
-            strata_gguf_value elem;
-            st = parse_value(p, &cur, STRATA_GGUF_ARRAY, &elem);
-            /* the pool may have moved while the element was parsed: index, don't hold */
-            if (!st) {
-                p->f->pool[first + 2 * i] = elem.offset;
-                p->f->pool[first + 2 * i + 1] = elem.node;
-            }
+            p->idx[level] = i;
+            if ((st = push_u64(p, &f->pool, &f->pool_len, &p->pool_cap, cur)) ||
+                (st = parse_string(p, &cur, "string", &s, &len)))
+                return st; /* depth stays raised: the message shows the element path */
         }
-        if (st) return st; /* depth stays raised: the message shows the element path */
+    } else {
+        /* the elements add their own tables to the pool while they are parsed, so this
+         * array's (offset, node) pairs are collected aside and appended at the end */
+        uint64_t *pairs = NULL, n_pairs = 0, cap = 0;
+        for (uint64_t i = 0; i < n && !st; i++) {
+            strata_gguf_value elem;
+            p->idx[level] = i;
+            const uint64_t elem_at = cur;
+            if (!(st = parse_value(p, &cur, STRATA_GGUF_ARRAY, &elem)) &&
+                !(st = push_u64(p, &pairs, &n_pairs, &cap, elem_at)))
+                st = push_u64(p, &pairs, &n_pairs, &cap, elem.node);
+        }
+        out->node = f->pool_len;
+        for (uint64_t i = 0; i < n_pairs && !st; i++)
+            st = push_u64(p, &f->pool, &f->pool_len, &p->pool_cap, pairs[i]);
+        free(pairs);
+        if (st) return st;
     }
     p->depth--;
     *pos = cur;
@@ -352,9 +363,11 @@ static strata_status parse_header(gguf_parser *p, uint64_t *n_tensors, uint64_t 
 static strata_status parse_kvs(gguf_parser *p, uint64_t *pos, uint64_t n_kv) {
     gguf_file *f = p->f;
     strata_status st;
-    f->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kvs);
-    if (!f->kvs) return strata_fail(STRATA_ERR_NOMEM, "%s: cannot allocate %" PRIu64 " kvs", f->name, n_kv);
+    uint64_t cap = 0;
     for (uint64_t i = 0; i < n_kv; i++) {
+        gguf_kv *kvs = grow(f->kvs, &cap, i, sizeof *f->kvs);
+        if (!kvs) return nomem(p, "kv table");
+        f->kvs = kvs;
         gguf_kv *kv = &f->kvs[i];
         const uint8_t *key;
         uint64_t key_len;
@@ -485,10 +498,12 @@ static strata_status parse_tensors(gguf_parser *p, uint64_t *pos, uint64_t n_ten
         return perr(p, 8, "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes left after the kvs",
                     n_tensors, left(p, *pos));
     }
-    f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors);
-    if (!f->tensors)
-        return strata_fail(STRATA_ERR_NOMEM, "%s: cannot allocate %" PRIu64 " tensor infos", f->name, n_tensors);
+    uint64_t cap = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
+        gguf_tensor *ts = grow(f->tensors, &cap, i, sizeof *f->tensors);
+        if (!ts) return nomem(p, "tensor table");
+        f->tensors = ts;
+        memset(&f->tensors[i], 0, sizeof f->tensors[i]);
         if ((st = parse_tensor_info(p, pos, (int64_t)i, split, &f->tensors[i]))) return st;
         f->n_tensors = (int64_t)i + 1;
     }

@@ -25,9 +25,10 @@
  *   row times ne[1]*ne[2]*ne[3] rows.
  *
  * What a file must satisfy here (else STRATA_ERR_FORMAT naming the file, the field and its
- * byte offset). Every count and length is checked against the bytes left *before* anything
- * is sized from it, so no file can make the parser allocate more than a small multiple of
- * the file's own size, and nothing is read outside [base, base + size).
+ * byte offset). Every count and length is checked against the bytes left before it is
+ * used, nothing is read outside [base, base + size), and the tables grow with the entries
+ * actually parsed (never sized from a count in the file), so memory stays a small multiple
+ * of the bytes read, whatever a corrupt count says.
  *   - magic "GGUF"; version 2 or 3; the counts fit in the bytes left;
  *   - keys and tensor names are non-empty, contain no NUL byte and are unique (tensor names
  *     across all splits: see gguf_open.c); bools are 0 or 1; value types are 0..12;

@@ -14,10 +14,11 @@
  * product, then w = dl*q (one rounding) or w = dl*q - dm (two roundings; -ffp-contract=off
  * keeps the compiler from fusing them).
  *
- * Dot products run against act_q8_256 (x ~ xd * qx). Per super-block the reference forms the
- * exact integers S = sum_j sc_j * sum_{i in j} q_i qx_i and, for formats with mins,
- * M = sum_j m_j * sum_{i in j} qx_i (from the activation's bsums), then adds
- * kq_part(_min)(xd, d, dmin, S, M) to lane b % 8; the AVX2 path forms the same integers.
+ * Dot products run against act_q8_256 (x ~ xd * qx, bsums = sums of 16 qx). Per super-block
+ * the reference forms exact integer lane sums S_l = sum of sc * q * qx over the values of
+ * lane l and, for formats with mins, M_l = sum of m * bsum, then adds the lane's float part
+ * kq_part(_min)(xd, d, dmin, S_l, M_l) to accumulator l: the order the AVX2 kernel's int32
+ * lanes impose, defined in avx2_kquants.h.
  */
 #include "quant.h"
 
@@ -200,30 +201,28 @@ static void dequant_iq4_xs(const void *src, float *dst, int64_t n) {
 
 /* ---------------------------------------------------------------- dot products */
 
-/* S = sum_j sc_j * sum_{i in sub-block j} q_i qx_i (exact: |S| < 2^31 for every format). */
-static int32_t isum_scaled(const int8_t *q, const int8_t *qx, const int32_t *sc, int sub) {
-    int32_t S = 0;
-    for (int j = 0; j < QK_K / sub; j++) {
-        int32_t s = 0;
-        for (int k = 0; k < sub; k++) s += (int32_t)q[sub * j + k] * qx[sub * j + k];
-        S += sc[j] * s;
+/* The eight lane sums of one block against x (the summation order of avx2_kquants.h):
+ * S_l = sum over i with (i % 32) / 4 == l of sc(i) * (q_i + off) * qx_i
+ *       - off * (sc(16 * 2l) * bsums[2l] + sc(16 * (2l+1)) * bsums[2l+1]),
+ * M_l = m(16 * 2l) * bsums[2l] + m(16 * (2l+1)) * bsums[2l+1] (formats with mins),
+ * sc(i), m(i): the scale and min of value i's sub-block of `sub` values. All exact. */
+static void lane_sums(const int8_t *q, const int32_t *sc, const int32_t *m, int sub, int off,
+                      const act_q8_256 *x, int32_t S[8], int32_t M[8]) {
+    for (int l = 0; l < 8; l++) S[l] = M[l] = 0;
+    for (int i = 0; i < QK_K; i++) S[(i % 32) / 4] += sc[i / sub] * ((int32_t)q[i] + off) * x->qs[i];
+    for (int l = 0; l < 8; l++) {
+        const int i0 = 32 * l, i1 = 32 * l + 16; /* first values of the 16-groups 2l, 2l+1 */
+        S[l] -= off * (sc[i0 / sub] * x->bsums[2 * l] + sc[i1 / sub] * x->bsums[2 * l + 1]);
+        if (m) M[l] = m[i0 / sub] * x->bsums[2 * l] + m[i1 / sub] * x->bsums[2 * l + 1];
     }
-    return S;
-}
-
-/* M = sum_j m_j * sum_{i in sub-block j} qx_i, from the bsums (one per 16 values). */
-static int32_t isum_mins(const int16_t bsums[16], const int32_t *m, int sub) {
-    int32_t M = 0;
-    for (int j = 0; j < 16; j++) M += m[j / (sub / 16)] * bsums[j];
-    return M;
 }
 
 static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
     return (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
 }
 
-/* One reference dot-product function per format: decode the block, form S (and M), add the
- * float part to lane b % 8. */
+/* One reference dot-product function per format: decode the block, form its lane sums, add
+ * each lane's float part to its accumulator; reduce the eight accumulators at the end. */
 #define KQ_VEC_DOT_MIN(NAME, BLOCK, UNPACK, NSUB, SUB)                                          \
     static void vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,     \
                                int ncols, float *y) {                                          \
@@ -234,18 +233,18 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
             float acc[8] = {0};                                                                 \
             for (int64_t b = 0; b < nb; b++) {                                                  \
                 int8_t q[QK_K];                                                                 \
-                int32_t sc[NSUB], m[NSUB];                                                      \
+                int32_t sc[NSUB], m[NSUB], S[8], M[8];                                          \
                 UNPACK(&w[b], q, sc, m);                                                        \
-                const int32_t S = isum_scaled(q, x[b].qs, sc, SUB);                             \
-                const int32_t M = isum_mins(x[b].bsums, m, SUB);                                \
-                acc[b & 7] += kq_part_min(x[b].d, strata_fp16_to_fp32(strata_rd_u16(w[b].d)),   \
-                                          strata_fp16_to_fp32(strata_rd_u16(w[b].dmin)), S, M); \
+                lane_sums(q, sc, m, SUB, 0, &x[b], S, M);                                       \
+                const float d = strata_fp16_to_fp32(strata_rd_u16(w[b].d));                     \
+                const float dmin = strata_fp16_to_fp32(strata_rd_u16(w[b].dmin));               \
+                for (int l = 0; l < 8; l++) acc[l] += kq_part_min(x[b].d, d, dmin, S[l], M[l]); \
             }                                                                                   \
             y[c] = strata_hsum8(acc);                                                           \
         }                                                                                       \
     }
 
-#define KQ_VEC_DOT(NAME, BLOCK, UNPACK, NSUB, SUB)                                              \
+#define KQ_VEC_DOT(NAME, BLOCK, UNPACK, NSUB, SUB, OFF)                                         \
     static void vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,     \
                                int ncols, float *y) {                                          \
         const BLOCK *w = vw;                                                                    \
@@ -255,21 +254,24 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
             float acc[8] = {0};                                                                 \
             for (int64_t b = 0; b < nb; b++) {                                                  \
                 int8_t q[QK_K];                                                                 \
-                int32_t s[NSUB];                                                                \
+                int32_t s[NSUB], S[8], M[8];                                                    \
                 UNPACK(&w[b], q, s);                                                            \
-                const int32_t S = isum_scaled(q, x[b].qs, s, SUB);                              \
-                acc[b & 7] += kq_part(x[b].d, strata_fp16_to_fp32(strata_rd_u16(w[b].d)), S);   \
+                lane_sums(q, s, NULL, SUB, OFF, &x[b], S, M);                                   \
+                const float d = strata_fp16_to_fp32(strata_rd_u16(w[b].d));                     \
+                for (int l = 0; l < 8; l++) acc[l] += kq_part(x[b].d, d, S[l]);                 \
             }                                                                                   \
             y[c] = strata_hsum8(acc);                                                           \
         }                                                                                       \
     }
 
+/* Q3_K and Q6_K: the AVX2 path multiplies unsigned codes (value + 4, + 32) and takes the
+ * offset back through the bsums, which moves integers between lanes: mirror it exactly. */
 KQ_VEC_DOT_MIN(q2_k, kq_block_q2_k, unpack_q2_k, 16, 16)
-KQ_VEC_DOT(q3_k, kq_block_q3_k, unpack_q3_k, 16, 16)
+KQ_VEC_DOT(q3_k, kq_block_q3_k, unpack_q3_k, 16, 16, 4)
 KQ_VEC_DOT_MIN(q4_k, kq_block_q4_k, unpack_q4_k, 8, 32)
 KQ_VEC_DOT_MIN(q5_k, kq_block_q5_k, unpack_q5_k, 8, 32)
-KQ_VEC_DOT(q6_k, kq_block_q6_k, unpack_q6_k, 16, 16)
-KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, unpack_iq4_xs, 8, 32)
+KQ_VEC_DOT(q6_k, kq_block_q6_k, unpack_q6_k, 16, 16, 32)
+KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, unpack_iq4_xs, 8, 32, 0)
 
 /* ---------------------------------------------------------------- registration */
 

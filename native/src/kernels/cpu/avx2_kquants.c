@@ -1,17 +1,19 @@
 /* avx2_kquants.c — AVX2 dequantization and dot products of Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS.
- * Block layouts: avx2_kquants.h. The scalar reference is quant/fmt_kquants.c; both form the
- * same exact integers per super-block and share the float step (kq_part, kq_part_min), so
- * they agree bit for bit.
+ * Block layouts and the dot-product summation order: avx2_kquants.h. The scalar reference is
+ * quant/fmt_kquants.c; both form the same exact integer lane sums and apply the same float
+ * operations to them, so they agree bit for bit.
  *
  * Decode once, use for every column: a super-block is unpacked into eight 32-byte code
  * vectors (value 32j+k in byte k of vector j) plus int16 multiplier vectors, then each of up
  * to KQ_COLS activation rows takes, per vector, maddubs(codes, x) -> madd(., scales) -> add.
+ * The eight int32 lanes of that sum are the eight lanes of the float accumulator: no
+ * horizontal reduction until the end of the row.
  *
  * Why the integer sums cannot overflow or saturate, for any block bytes: _mm256_maddubs_epi16
  * multiplies unsigned codes by activations in [-127, 127] and adds pairs, so it saturates
  * only if a code exceeds 128. Codes fed to it are Q2_K 0..3, Q3_K 0..7 (offset -4 applied
  * through the bsums), Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 (offset -32 through the bsums) and
- * |kvalue| <= 128 for IQ4_XS (sign moved onto x). The int32 totals stay below 2^29.
+ * |kvalue| <= 128 for IQ4_XS (sign moved onto x). Every int32 lane stays below 2^26.
  */
 #include "avx2_kquants.h"
 #include "avx2_common.h"
@@ -212,9 +214,9 @@ static inline __m256i kq_bsums_x(const kq_dec *D, const act_q8_256 *x) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), D->aux);
 }
 
-/* S as 8 int32 lanes (their sum is the block's S), per format. */
+/* The lane sums S_0..S_7 of a block (see avx2_kquants.h), per format. */
 static inline __m256i kq_s_plain(const kq_dec *D, const act_q8_256 *x) { return kq_dot8(D, x->qs); }
-/* Q3_K / Q6_K: codes carry +4 / +32, so S = dot - 4 (32) * sum_j s_j bsum_j. */
+/* Q3_K / Q6_K: codes carry +4 / +32, so S_l = dot_l - 4 (32) * (s_2l bsum_2l + s_2l+1 bsum_2l+1). */
 static inline __m256i kq_s_q3(const kq_dec *D, const act_q8_256 *x) {
     return _mm256_sub_epi32(kq_dot8(D, x->qs), _mm256_slli_epi32(kq_bsums_x(D, x), 2));
 }
@@ -231,76 +233,31 @@ static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
     return acc;
 }
 
-/* Eight vectors of 8 int32 -> one vector whose lane i is the (exact) sum of v[i]. A
- * transpose-and-add with one-uop unpacks: vphaddd is several uops on current cores. */
-static inline __m256i kq_reduce8(const __m256i v[8]) {
-    __m256i s[4];
-    for (int k = 0; k < 4; k++) /* lanes (0+2, 1+3) of v[2k], v[2k+1], interleaved, per half */
-        s[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
-                                _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
-    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
-    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
-    /* t0 = v0..v3 summed over each 128-bit half, t1 = v4..v7 likewise */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
-}
-
 /* ---------------------------------------------------------------- vec_dot */
 
-/* One tile of nc <= KQ_COLS activation rows; block b's float part goes to lane b % 8.
- * Full groups of eight blocks: each weight block is decoded once and its S (and M) vectors
- * kept per column; then, per column, the eight S (M) are reduced to one vector and the float
- * step runs lane-wise with the scalar reference's operations ((xd*d)*S [- (xd*dmin)*M], then
- * acc += part). The last nb % 8 blocks take the same float step one lane at a time. */
+/* One tile of nc <= KQ_COLS activation rows. Per block and column, lane l of the integer
+ * sums S (and M) becomes lane l of the float part: acc += (xd*d)*S [- (xd*dmin)*M], the
+ * operations of kq_part(_min) in the scalar reference. */
 #define KQ_VEC_DOT(NAME, BLOCK, DECODE, SVEC, HAS_MIN)                                             \
     static inline __attribute__((always_inline)) void kq_tile_##NAME(                             \
         const BLOCK *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) {           \
         __m256 acc[KQ_COLS];                                                                       \
         for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();                                 \
-        int64_t b0 = 0;                                                                            \
-        for (; b0 + 8 <= nb; b0 += 8) {                                                            \
-            __m256i sv[KQ_COLS][8], mv[HAS_MIN ? KQ_COLS : 1][8];                                  \
-            float dv[8], dmv[8];                                                                   \
-            for (int i = 0; i < 8; i++) {                                                          \
-                kq_dec D;                                                                          \
-                DECODE(&w[b0 + i], &D);                                                            \
-                dv[i] = D.d;                                                                       \
-                dmv[i] = HAS_MIN ? D.dmin : 0.0f;                                                  \
-                for (int c = 0; c < nc; c++) {                                                     \
-                    const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b0 + i; \
-                    sv[c][i] = SVEC(&D, x);                                                        \
-                    if (HAS_MIN) mv[HAS_MIN ? c : 0][i] = kq_bsums_x(&D, x);                       \
-                }                                                                                  \
-            }                                                                                      \
-            const __m256 d8 = _mm256_loadu_ps(dv), dm8 = _mm256_loadu_ps(dmv);                     \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            kq_dec D;                                                                              \
+            DECODE(&w[b], &D);                                                                     \
+            const __m256 d8 = _mm256_set1_ps(D.d), dm8 = _mm256_set1_ps(HAS_MIN ? D.dmin : 0.0f);  \
             for (int c = 0; c < nc; c++) {                                                         \
-                const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b0;        \
-                const __m256 xd = _mm256_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d,  \
-                                                 x[6].d, x[7].d);                                  \
-                __m256 part = _mm256_mul_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(kq_reduce8(sv[c]))); \
+                const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;         \
+                const __m256 xd = _mm256_broadcast_ss(&x->d);                                      \
+                __m256 part = _mm256_mul_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(SVEC(&D, x))); \
                 if (HAS_MIN)                                                                       \
                     part = _mm256_sub_ps(part, _mm256_mul_ps(_mm256_mul_ps(xd, dm8),               \
-                                                             _mm256_cvtepi32_ps(kq_reduce8(mv[HAS_MIN ? c : 0])))); \
+                                                             _mm256_cvtepi32_ps(kq_bsums_x(&D, x)))); \
                 acc[c] = _mm256_add_ps(acc[c], part);                                              \
             }                                                                                      \
         }                                                                                          \
-        if (b0 == nb) {                                                                            \
-            for (int c = 0; c < nc; c++) y[c] = strata_hsum8_avx2(acc[c]);                         \
-            return;                                                                                \
-        }                                                                                          \
-        float lanes[KQ_COLS][8];                                                                   \
-        for (int c = 0; c < nc; c++) _mm256_storeu_ps(lanes[c], acc[c]);                           \
-        for (int64_t b = b0; b < nb; b++) {                                                        \
-            kq_dec D;                                                                              \
-            DECODE(&w[b], &D);                                                                     \
-            for (int c = 0; c < nc; c++) {                                                         \
-                const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;         \
-                int32_t S, M = 0;                                                                  \
-                if (HAS_MIN) S = strata_hsum_i32x8(SVEC(&D, x)), M = strata_hsum_i32x8(kq_bsums_x(&D, x)); \
-                else S = strata_hsum_i32x8(SVEC(&D, x));                                           \
-                lanes[c][b & 7] += HAS_MIN ? kq_part_min(x->d, D.d, D.dmin, S, M) : kq_part(x->d, D.d, S); \
-            }                                                                                      \
-        }                                                                                          \
-        for (int c = 0; c < nc; c++) y[c] = strata_hsum8(lanes[c]);                                \
+        for (int c = 0; c < nc; c++) y[c] = strata_hsum8_avx2(acc[c]);                             \
     }                                                                                              \
     void strata_avx2_vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,    \
                                     int ncols, float *y) {                                         \

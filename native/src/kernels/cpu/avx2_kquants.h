@@ -1,12 +1,21 @@
-/* avx2_kquants.h — the K-quant family (Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS): block layouts and
- * the float step of a block's dot product, shared by the scalar reference
+/* avx2_kquants.h — the K-quant family (Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS): block layouts, the
+ * summation order of their dot products and its float step, shared by the scalar reference
  * (quant/fmt_kquants.c) and the AVX2 kernels (avx2_kquants.c), plus the AVX2 entry points.
  *
- * Both paths must round identically, so the float step of a super-block lives here once: the
- * integer sums of a block (exact, any order) go in, the block's float part comes out, and
- * each path adds it to lane (b % 8) of its eight accumulators. Every block below is made of
- * bytes only, so the structs have no padding and may alias the file's bytes (alignment 1);
- * fp16 fields are read with strata_rd_u16.
+ * Summation order of vec_dot (both paths; what makes them agree bit for bit). Per super-block
+ * the exact integer sums are split into eight lanes, l = 0..7, the int32 lanes in which
+ * maddubs + madd leave them:
+ *   S_l = sum over values i with (i % 32) / 4 == l of scale(i) * code(i) * qx(i)
+ *         [Q3_K, Q6_K: - off * (s(2l) * bsums[2l] + s(2l+1) * bsums[2l+1]), off = 4, 32,
+ *          code(i) being the unsigned code, value + off]
+ *   M_l = min(2l) * bsums[2l] + min(2l+1) * bsums[2l+1]       (Q2_K, Q4_K, Q5_K)
+ * where scale(i)/min(t) belong to value i / to the 16 values 16t..16t+15. Lane l of the
+ * float accumulator then gets kq_part(_min)(xd, d, dmin, S_l, M_l), blocks in order, and the
+ * eight accumulators are reduced with strata_hsum8. (This replaces the "block b to lane
+ * b % 8" recipe of quant.h: it needs no horizontal sum per block, and is as exact.)
+ *
+ * Every block below is made of bytes only, so the structs have no padding and may alias the
+ * file's bytes (alignment 1); fp16 fields are read with strata_rd_u16.
  */
 #ifndef STRATA_KERNELS_CPU_AVX2_KQUANTS_H
 #define STRATA_KERNELS_CPU_AVX2_KQUANTS_H
@@ -59,8 +68,8 @@ typedef struct {
     uint8_t qs[128];     /* value 32j+k: low nibble of qs[16j+k] (k < 16), else high nibble of qs[16j+k-16] */
 } kq_block_iq4_xs;
 
-/* The float step of a block dot product; identical in both paths (-ffp-contract=off).
- * xd: activation scale; S, M: exact integer sums (codes x scales, bsums x mins). */
+/* The float step of one lane of a block; the AVX2 path does the same operations lane-wise
+ * (-ffp-contract=off keeps both unfused). xd: activation scale; S, M: exact lane sums. */
 static inline float kq_part_min(float xd, float d, float dmin, int32_t S, int32_t M) {
     return (xd * d) * (float)S - (xd * dmin) * (float)M;
 }

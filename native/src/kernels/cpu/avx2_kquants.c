@@ -55,6 +55,14 @@ static inline void kq_bcast16(__m256i v16, __m256i out[8]) {
     }
 }
 
+/* As kq_bcast16 from sixteen unsigned byte scales: pshufb zero-extends them to int16 itself. */
+static inline void kq_bcast16_u8(__m128i v16, __m256i out[8]) {
+    const __m256i v = _mm256_broadcastsi128_si256(v16);
+    for (int j = 0; j < 8; j++)
+        out[j] = _mm256_shuffle_epi8(v, _mm256_set_m128i(_mm_set1_epi16((short)(0x8000 | (2 * j + 1))),
+                                                         _mm_set1_epi16((short)(0x8000 | (2 * j)))));
+}
+
 /* ---------------------------------------------------------------- decoders */
 
 /* Q4_K/Q5_K scales -> bytes 0-7: sc 0-7, bytes 8-15: m 0-7. Packing (6-bit values):
@@ -126,7 +134,7 @@ static inline void kq_dec_2bit(const uint8_t qs[64], kq_dec *D) {
 
 static inline void kq_dec_q2_k(const kq_block_q2_k *b, kq_dec *D) {
     const __m128i s = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0x0F);
-    kq_bcast16(_mm256_cvtepu8_epi16(_mm_and_si128(s, m4)), D->sc);
+    kq_bcast16_u8(_mm_and_si128(s, m4), D->sc);
     D->aux = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
     kq_dec_2bit(b->qs, D);
     D->d = kq_f16(b->d);
@@ -182,18 +190,34 @@ static inline void kq_dec_q6_k(const kq_block_q6_k *b, kq_dec *D) {
     D->d = kq_f16(b->d);
 }
 
+/* IQ4_XS scales as 8 int8: (4 low bits from scales_l | 2 high bits from scales_h) - 32. The
+ * bit fields are spread to one per byte on general registers. */
+static inline __m128i kq_iq4xs_scales(const kq_block_iq4_xs *b) {
+    uint64_t l = strata_rd_u32(b->scales_l), h = strata_rd_u16(b->scales_h);
+    /* nibble j -> byte j */
+    l = (l & 0xFFFFu) | ((l & 0xFFFF0000u) << 16);
+    l = (l & 0x000000FF000000FFull) | ((l & 0x0000FF000000FF00ull) << 8);
+    l = (l & 0x000F000F000F000Full) | ((l & 0x00F000F000F000F0ull) << 4);
+    /* 2-bit field j -> byte j */
+    h = (h & 0xFFu) | ((h & 0xFF00u) << 24);
+    h = (h & 0x0000000F0000000Full) | ((h & 0x000000F0000000F0ull) << 12);
+    h = (h & 0x0003000300030003ull) | ((h & 0x000C000C000C000Cull) << 6);
+    return _mm_sub_epi8(_mm_cvtsi64_si128((long long)(l | (h << 4))), _mm_set1_epi8(32));
+}
+
 static inline void kq_dec_iq4_xs(const kq_block_iq4_xs *b, kq_dec *D) {
-    const uint32_t sh = strata_rd_u16(b->scales_h), sl = strata_rd_u32(b->scales_l);
-    int16_t s[8];
-    for (int j = 0; j < 8; j++) s[j] = (int16_t)((int)(((sl >> (4 * j)) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32);
-    kq_bcast8(_mm_loadu_si128((const __m128i *)s), D->sc);
+    kq_bcast8(_mm_cvtepi8_epi16(kq_iq4xs_scales(b)), D->sc);
     const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_kvalues_iq4nl));
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    for (int j = 0; j < 8; j++) {
-        const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j));
-        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-        D->sgn[j] = _mm256_shuffle_epi8(kv, idx);
-        D->q[j] = _mm256_abs_epi8(D->sgn[j]);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+        /* bytes 0-15: sub-block 2c, 16-31: 2c+1; low nibbles are values 0-15, high 16-31 */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
+        const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        D->sgn[2 * c] = _mm256_permute2x128_si256(lo, hi, 0x20);
+        D->sgn[2 * c + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+        D->q[2 * c] = _mm256_abs_epi8(D->sgn[2 * c]);
+        D->q[2 * c + 1] = _mm256_abs_epi8(D->sgn[2 * c + 1]);
     }
     D->d = kq_f16(b->d);
 }
@@ -380,12 +404,10 @@ void strata_avx2_dequant_iq4_xs(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         kq_dec D;
         kq_dec_iq4_xs(&b[i], &D);
-        const uint32_t sh = strata_rd_u16(b[i].scales_h), sl = strata_rd_u32(b[i].scales_l);
+        int8_t s[16];
+        _mm_storeu_si128((__m128i *)s, kq_iq4xs_scales(&b[i]));
         float dl[16];
-        for (int j = 0; j < 8; j++) {
-            const int s = (int)(((sl >> (4 * j)) & 0xF) | (((sh >> (2 * j)) & 3) << 4)) - 32;
-            dl[2 * j] = dl[2 * j + 1] = D.d * (float)s;
-        }
+        for (int j = 0; j < 8; j++) dl[2 * j] = dl[2 * j + 1] = D.d * (float)s[j];
         kq_deq_block(D.sgn, 1, dl, dl, 0, dst + i * QK_K);
     }
 }

@@ -20,11 +20,13 @@
  *
  * Dequantization rounds like gguf.quants: db = (d * (0.5 + s)) * f; value = (db * grid) * sign.
  *
- * Dot products multiply against act_q8_256. Inside a super-block everything is integer:
- * isum = sum over scale groups of (2s + 1) * sum(grid * sign * q8), which is exact
- * (|isum| <= 256 * 62 * 127 * 31 < 2^31). Since (0.5 + s) * f = (2s + 1) * f / 2, block b adds
- *     part = ((d * x.d) * (float)isum) * f/2        (f/2 = 1/8 for IQ2, 1/4 for IQ3)
- * to lane b % 8; the AVX2 kernels (kernels/cpu/avx2_iq.c) compute the same expression.
+ * Dot products multiply against act_q8_256. Inside a super-block everything is integer and
+ * exact: eight lane sums of (2s + 1) * grid * sign * q8, lane j over the values 32k + 4j ..
+ * 32k + 4j + 3 (the lanes of the AVX2 int32 accumulator). Since (0.5 + s) * f =
+ * (2s + 1) * f / 2, every block then does, for each lane j,
+ *     acc[j] = fmaf((d * x.d) * f/2, (float)lane[j], acc[j])   (f/2 = 1/8 for IQ2, 1/4 IQ3)
+ * and y = strata_hsum8(acc). This order (ggml's, too) needs no horizontal sum per block; the
+ * AVX2 kernels (kernels/cpu/avx2_iq.c) do the same operations with _mm256_fmadd_ps.
  */
 #include "quant.h"
 #include "quant_tables.h"
@@ -98,88 +100,83 @@ static void dequant_iq3_xxs(const void *src, float *dst, int64_t n) {
 
 /* ---------------------------------------------------------------- dot products */
 
-/* sum_j grid_j * sign_j * q_j over the 8 values of one grid word. */
-static inline int32_t dot8(uint64_t g, uint8_t signs, const int8_t *q) {
-    int32_t s = 0;
+/* Lane sums of one super-block: lane[j] += scale * grid * sign * q over the values i with
+ * (i % 32) / 4 == j, i.e. values 32k + 4j .. 32k + 4j + 3 of every 32-value group k. That is
+ * exactly what lane j of the AVX2 kernel's int32 accumulator holds, so both paths convert
+ * the same eight integers. */
+static inline void lanes8(uint64_t g, uint8_t signs, const int8_t *q, int32_t scale, int first, int32_t *lane) {
     for (int j = 0; j < 8; j++) {
-        const int32_t v = (int32_t)(uint8_t)(g >> (8 * j)) * q[j];
-        s += (signs >> j) & 1 ? -v : v;
+        const int32_t v = (int32_t)(uint8_t)(g >> (8 * j)) * q[j] * scale;
+        lane[(first + j) % 32 / 4] += (signs >> j) & 1 ? -v : v;
     }
-    return s;
 }
 
-static int32_t isum_iq2_xxs(const uint8_t *b, const int8_t *q) {
-    int32_t isum = 0;
+static void lanes_iq2_xxs(const uint8_t *b, const int8_t *q, int32_t *lane) {
     for (int ib = 0; ib < 8; ib++) {
         const uint8_t *grid_idx = b + 2 + 8 * ib;
         const uint32_t w = strata_rd_u32(grid_idx + 4);
-        int32_t s = 0;
+        const int32_t ls = (int32_t)(2 * (w >> 28) + 1);
         for (int l = 0; l < 4; l++)
-            s += dot8(strata_iq2xxs_grid[grid_idx[l]], strata_ksigns_iq2xs[(w >> (7 * l)) & 127],
-                      q + 32 * ib + 8 * l);
-        isum += (int32_t)(2 * (w >> 28) + 1) * s;
+            lanes8(strata_iq2xxs_grid[grid_idx[l]], strata_ksigns_iq2xs[(w >> (7 * l)) & 127],
+                   q + 32 * ib + 8 * l, ls, 8 * l, lane);
     }
-    return isum;
 }
 
-static int32_t isum_iq2_xs(const uint8_t *b, const int8_t *q) {
-    int32_t isum = 0;
+static void lanes_iq2_xs(const uint8_t *b, const int8_t *q, int32_t *lane) {
     for (int ig = 0; ig < 16; ig++) {
         const int32_t ls = 2 * ((b[66 + ig / 2] >> (4 * (ig % 2))) & 15) + 1;
-        int32_t s = 0;
         for (int l = 0; l < 2; l++) {
             const uint16_t qs = strata_rd_u16(b + 2 + 2 * (2 * ig + l));
-            s += dot8(strata_iq2xs_grid[qs & 511], strata_ksigns_iq2xs[qs >> 9], q + 16 * ig + 8 * l);
+            lanes8(strata_iq2xs_grid[qs & 511], strata_ksigns_iq2xs[qs >> 9], q + 16 * ig + 8 * l, ls,
+                   16 * ig + 8 * l, lane);
         }
-        isum += ls * s;
     }
-    return isum;
 }
 
-static int32_t isum_iq3_xxs(const uint8_t *b, const int8_t *q) {
-    int32_t isum = 0;
+static void lanes_iq3_xxs(const uint8_t *b, const int8_t *q, int32_t *lane) {
     for (int ib = 0; ib < 8; ib++) {
         const uint32_t w = strata_rd_u32(b + 66 + 4 * ib);
+        const int32_t ls = (int32_t)(2 * (w >> 28) + 1);
         const uint8_t *qs = b + 2 + 8 * ib;
-        int32_t s = 0;
         for (int l = 0; l < 4; l++) {
             const uint64_t g = (uint64_t)strata_iq3xxs_grid[qs[2 * l]] |
                                (uint64_t)strata_iq3xxs_grid[qs[2 * l + 1]] << 32;
-            s += dot8(g, strata_ksigns_iq2xs[(w >> (7 * l)) & 127], q + 32 * ib + 8 * l);
+            lanes8(g, strata_ksigns_iq2xs[(w >> (7 * l)) & 127], q + 32 * ib + 8 * l, ls, 8 * l, lane);
         }
-        isum += (int32_t)(2 * (w >> 28) + 1) * s;
     }
-    return isum;
 }
 
-typedef int32_t (*isum_fn)(const uint8_t *b, const int8_t *q);
+typedef void (*lanes_fn)(const uint8_t *b, const int8_t *q, int32_t *lane);
 
+/* acc[j] = fmaf((d * x.d) * f/2, (float)lane[j], acc[j]) block after block; y = hsum8(acc).
+ * |lane[j]| <= 8 * 4 * 62 * 127 * 31 < 2^24, so the conversion is exact. */
 static inline void vec_dot_iq(int64_t n, const void *w, const void *x, size_t x_stride, int ncols,
-                              float *y, size_t type_size, isum_fn isum, float half_f) {
+                              float *y, size_t type_size, lanes_fn lanes, float half_f) {
     const int64_t nb = n / QK_K;
     for (int c = 0; c < ncols; c++) {
         const act_q8_256 *xc = (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
         const uint8_t *b = w;
         float acc[8] = {0};
         for (int64_t i = 0; i < nb; i++, b += type_size) {
-            const float d = strata_fp16_to_fp32(strata_rd_u16(b));
-            const int32_t is = isum(b, xc[i].qs);
-            acc[i % 8] += d * xc[i].d * (float)is * half_f;
+            int32_t lane[8] = {0};
+            lanes(b, xc[i].qs, lane);
+            const float dd = strata_fp16_to_fp32(strata_rd_u16(b)) * xc[i].d * half_f;
+            for (int j = 0; j < 8; j++) acc[j] = fmaf(dd, (float)lane[j], acc[j]);
         }
         y[c] = strata_hsum8(acc);
     }
 }
 
 static void vec_dot_iq2_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XXS_SIZE, isum_iq2_xxs, 0.125f);
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XXS_SIZE, lanes_iq2_xxs, 0.125f);
 }
 
 static void vec_dot_iq2_xs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XS_SIZE, isum_iq2_xs, 0.125f);
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ2XS_SIZE, lanes_iq2_xs, 0.125f);
 }
 
 static void vec_dot_iq3_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, isum_iq3_xxs, 0.25f);
+    vec_dot_iq(n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, lanes_iq3_xxs, 0.25f);
 }
 
 /* ---------------------------------------------------------------- registration */

@@ -10,12 +10,19 @@
  *   sc — 16-bit scale factors 2s+1 matching the int16 lanes maddubs produces,
  * then for every activation column: maddubs(g, sign(q8, s)) -> int16 pairs (|.| <= 2*62*127,
  * no saturation for any input), madd with sc -> int32, summed into the block's exact isum.
- * With several columns the decoded block sits in a 768-byte stack buffer (L1) and is applied
- * to up to four columns per pass, so decoding is paid once per block, not once per column.
+ * The decoded block sits in a 768-byte stack buffer (L1) and is applied to every column, so
+ * decoding is paid once per block, not once per column. Each column count 1..16 has its own
+ * straight-line loop (format and count are constants after forced inlining): up to 4
+ * columns reduce their int32 sums one by one, 5..8 columns are reduced together, one per
+ * lane; 9..16 columns are a pass of 8 plus a pass of the rest over the same decoded block.
  */
 #include "avx2_iq.h"
 #include "avx2_common.h"
 #include "quant_tables.h"
+
+/* The per-format helpers below take the format and the column count as arguments that are
+ * constants at every call site; forced inlining turns each combination into straight code. */
+#define IQ_INLINE static inline __attribute__((always_inline))
 
 enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98, MAX_COLS = 16 };
 
@@ -24,25 +31,24 @@ enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98, MAX_COLS = 16 };
 /* Bit j of byte j%8: masks the sign bit of each of the 8 values a sign byte covers. */
 static inline __m256i sign_bit_mask(void) { return _mm256_set1_epi64x((int64_t)0x8040201008040201ull); }
 
-/* v: every dword holds 4 sign bytes (byte l for values 8l..8l+7 of a 32-value register).
- * Returns +1 / -1 per value. */
-static inline __m256i signs_pm1(__m256i v) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+/* Signs of register k (values 32k..32k+31) as +1 / -1 per value. h holds the block's sign
+ * bytes 16 * (k / 4) .. + 15 in both 128-bit lanes; byte 4 * (k % 4) + l covers values
+ * 8l..8l+7 of the register, bit j value 8l+j. k is a constant after unrolling, so the
+ * shuffle control is too. */
+IQ_INLINE __m256i signs_pm1(__m256i h, int k) {
+    const char j = (char)(4 * (k % 4));
+    const __m256i spread = _mm256_setr_epi8(j, j, j, j, j, j, j, j, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1,
+                                            j + 1, j + 1, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2,
+                                            j + 3, j + 3, j + 3, j + 3, j + 3, j + 3, j + 3, j + 3);
     const __m256i bits = sign_bit_mask();
-    v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), bits);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(h, spread), bits);
     return _mm256_or_si256(_mm256_cmpeq_epi8(v, bits), _mm256_set1_epi8(1));
-}
-
-/* Dword k of s4 broadcast, then expanded to +1/-1 per value. */
-static inline __m256i signs_pm1_lane(__m256i s4, int k) {
-    return signs_pm1(_mm256_permutevar8x32_epi32(s4, _mm256_set1_epi32(k)));
 }
 
 /* w: per dword four 7-bit sign indices at bits 0, 7, 14, 21 (IQ2_XXS, IQ3_XXS). Returns per
  * dword the four sign bytes ksigns[index]: the index plus an 8th bit that makes the number
  * of set bits even (that is what the ksigns table holds). */
-static inline __m256i ksigns_x4(__m256i w) {
+IQ_INLINE __m256i ksigns_x4(__m256i w) {
     const __m256i m7 = _mm256_set1_epi32(0x7f);
     __m256i s = _mm256_and_si256(w, m7);
     s = _mm256_or_si256(s, _mm256_and_si256(_mm256_slli_epi32(w, 1), _mm256_slli_epi32(m7, 8)));
@@ -57,234 +63,199 @@ static inline __m256i ksigns_x4(__m256i w) {
     return _mm256_or_si256(s, _mm256_slli_epi32(p, 7));
 }
 
-/* ---------------------------------------------------------------- decoded super-block */
+/* ---------------------------------------------------------------- per-format decoding */
 
+enum { KIND_IQ2XXS, KIND_IQ2XS, KIND_IQ3XXS }; /* compile-time constants after inlining */
+
+/* Block-level parts, computed once per super-block:
+ *   S[0], S[1]: the 32 sign bytes, 4 per register (bytes 4k..4k+3 for register k; IQ2_XS:
+ *               byte i for qs[i]), bytes 0..15 and 16..31 each copied to both 128-bit lanes;
+ *   L:          IQ2_XS: the 16 scale factors 2s+1 as bytes [low nibbles of scale bytes 0..7 |
+ *               high nibbles], in both lanes; IQ2_XXS/IQ3_XXS: per dword k the factor of
+ *               register k as two int16. */
 typedef struct {
-    __m256i g[8], s[8], sc[8];
-} iq_dec; /* 768 bytes */
+    __m256i S[2], L;
+} iq_blk;
 
-/* isum[c] for nc (<= 4, a constant after inlining) columns of one decoded super-block. */
-static inline void dot_dec(const iq_dec *D, const int8_t *const *q, int nc, int32_t *isum) {
-    __m256i acc[4];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        const __m256i g = _mm256_load_si256(&D->g[k]);
-        const __m256i s = _mm256_load_si256(&D->s[k]);
-        const __m256i sc = _mm256_load_si256(&D->sc[k]);
-        for (int c = 0; c < nc; c++) {
-            const __m256i qv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q[c] + 32 * k)), s);
-            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(g, qv), sc));
-        }
-    }
-    for (int c = 0; c < nc; c++) isum[c] = strata_hsum_i32x8(acc[c]);
-}
-
-/* Applies decoded block i to columns [0, ncols) (ncols <= MAX_COLS). */
-static inline void dot_dec_cols(const iq_dec *D, const void *x, size_t x_stride, int ncols, int64_t i,
-                                float d, float half_f, float (*facc)[8]) {
-    for (int c0 = 0; c0 < ncols; c0 += 4) {
-        const int m = ncols - c0 < 4 ? ncols - c0 : 4;
-        const act_q8_256 *xb[4];
-        const int8_t *q[4];
-        int32_t isum[4];
-        for (int c = 0; c < m; c++) {
-            xb[c] = (const act_q8_256 *)((const char *)x + (size_t)(c0 + c) * x_stride) + i;
-            q[c] = xb[c]->qs;
-        }
-        switch (m) {
-        case 4: dot_dec(D, q, 4, isum); break;
-        case 3: dot_dec(D, q, 3, isum); break;
-        case 2: dot_dec(D, q, 2, isum); break;
-        default: dot_dec(D, q, 1, isum); break;
-        }
-        for (int c = 0; c < m; c++) facc[c0 + c][i % 8] += d * xb[c]->d * (float)isum[c] * half_f;
-    }
-}
-
-/* ---------------------------------------------------------------- IQ2_XS */
-
-/* Block-level parts of an IQ2_XS super-block: S = 32 sign bytes (byte i for qs[i]),
- * L = the 16 scale factors 2s+1 as bytes [lo nibbles of bytes 0..7 | hi nibbles], in both
- * 128-bit lanes. */
-static inline void iq2xs_prep(const uint8_t *b, __m256i *S, __m256i *L) {
-    const __m256i q0 = _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(b + 34));
-    __m256i s[2];
-    const __m256i one16 = _mm256_set1_epi16(1);
-    const __m256i q[2] = {q0, q1};
-    for (int h = 0; h < 2; h++) {
-        const __m256i idx = _mm256_srli_epi16(q[h], 9); /* 7-bit sign index */
-        __m256i p = _mm256_xor_si256(idx, _mm256_srli_epi16(idx, 4));
-        p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 2));
-        p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 1));
-        s[h] = _mm256_or_si256(idx, _mm256_slli_epi16(_mm256_and_si256(p, one16), 7));
-    }
-    *S = _mm256_permute4x64_epi64(_mm256_packus_epi16(s[0], s[1]), 0xD8);
-    const __m128i sc = _mm_loadl_epi64((const __m128i *)(b + 66));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i l = _mm_unpacklo_epi64(_mm_and_si128(sc, m4), _mm_and_si128(_mm_srli_epi16(sc, 4), m4));
-    l = _mm_add_epi8(_mm_add_epi8(l, l), _mm_set1_epi8(1));
-    *L = _mm256_broadcastsi128_si256(l);
-}
-
-/* Register k (values 32k..32k+31, qs 4k..4k+3, scale groups 2k and 2k+1). */
-static inline void iq2xs_reg(const uint8_t *b, __m256i S, __m256i L, int k, __m256i *g, __m256i *s,
-                             __m256i *sc) {
-    const uint8_t *qs = b + 2 + 8 * k;
-    *g = _mm256_set_epi64x((int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 6) & 511],
-                           (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 4) & 511],
-                           (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 2) & 511],
-                           (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 0) & 511]);
-    *s = signs_pm1_lane(S, k);
-    /* int16 lanes: low 128 bits take byte k of L (group 2k), high 128 bits byte 8+k */
-    const __m256i ctl = _mm256_add_epi16(_mm256_setr_epi16(
-        (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000, (short)0x8000,
-        (short)0x8000, (short)0x8000, (short)0x8008, (short)0x8008, (short)0x8008, (short)0x8008,
-        (short)0x8008, (short)0x8008, (short)0x8008, (short)0x8008), _mm256_set1_epi16((short)k));
-    *sc = _mm256_shuffle_epi8(L, ctl);
-}
-
-static inline void iq2xs_decode(const uint8_t *b, iq_dec *D) {
-    __m256i S, L;
-    iq2xs_prep(b, &S, &L);
-    for (int k = 0; k < 8; k++) iq2xs_reg(b, S, L, k, &D->g[k], &D->s[k], &D->sc[k]);
-}
-
-static inline int32_t iq2xs_isum1(const uint8_t *b, const int8_t *q) {
-    __m256i S, L;
-    iq2xs_prep(b, &S, &L);
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        __m256i g, s, sc;
-        iq2xs_reg(b, S, L, k, &g, &s, &sc);
-        const __m256i qv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + 32 * k)), s);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(g, qv), sc));
-    }
-    return strata_hsum_i32x8(acc);
-}
-
-/* ---------------------------------------------------------------- IQ2_XXS */
-
-/* The eight per-32 words of an IQ2_XXS block (each follows its 4 grid bytes). */
-static inline __m256i iq2xxs_words(const uint8_t *b) {
-    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + 34));
-    const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v0, odd), _mm256_permutevar8x32_epi32(v1, odd), 0xF0);
+IQ_INLINE void put_signs(iq_blk *P, __m256i s) {
+    P->S[0] = _mm256_permute4x64_epi64(s, 0x44);
+    P->S[1] = _mm256_permute4x64_epi64(s, 0xEE);
 }
 
 /* Scale factors 2s+1 (s = top nibble of each word) as two int16 per dword. */
-static inline __m256i iq_word_scales(__m256i w) {
+IQ_INLINE __m256i iq_word_scales(__m256i w) {
     const __m256i ls = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(w, 28), 1), _mm256_set1_epi32(1));
     return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
 }
 
-static inline void iq2xxs_reg(const uint8_t *b, __m256i S4, __m256i LS, int k, __m256i *g, __m256i *s,
-                              __m256i *sc) {
-    const uint8_t *gi = b + 2 + 8 * k;
-    *g = _mm256_set_epi64x((int64_t)strata_iq2xxs_grid[gi[3]], (int64_t)strata_iq2xxs_grid[gi[2]],
-                           (int64_t)strata_iq2xxs_grid[gi[1]], (int64_t)strata_iq2xxs_grid[gi[0]]);
-    *s = signs_pm1_lane(S4, k);
-    *sc = _mm256_permutevar8x32_epi32(LS, _mm256_set1_epi32(k));
-}
-
-static inline void iq2xxs_decode(const uint8_t *b, iq_dec *D) {
-    const __m256i w = iq2xxs_words(b);
-    const __m256i S4 = ksigns_x4(w), LS = iq_word_scales(w);
-    for (int k = 0; k < 8; k++) iq2xxs_reg(b, S4, LS, k, &D->g[k], &D->s[k], &D->sc[k]);
-}
-
-static inline int32_t iq2xxs_isum1(const uint8_t *b, const int8_t *q) {
-    const __m256i w = iq2xxs_words(b);
-    const __m256i S4 = ksigns_x4(w), LS = iq_word_scales(w);
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        __m256i g, s, sc;
-        iq2xxs_reg(b, S4, LS, k, &g, &s, &sc);
-        const __m256i qv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + 32 * k)), s);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(g, qv), sc));
+IQ_INLINE void iq2xs_prep(const uint8_t *b, iq_blk *P) {
+    __m256i s[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2 + 32 * h));
+        /* 7-bit sign index; its parity is that of (bits 0..3) ^ (bits 4..6), a 4-bit value
+         * whose parity bit (as 0x80) a 16-entry shuffle table gives */
+        const __m256i idx = _mm256_srli_epi16(q, 9);
+        const __m256i nib = _mm256_xor_si256(idx, _mm256_srli_epi16(q, 13));
+        const __m256i odd = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                                             0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+        s[h] = _mm256_or_si256(idx, _mm256_shuffle_epi8(odd, nib));
     }
-    return strata_hsum_i32x8(acc);
+    put_signs(P, _mm256_permute4x64_epi64(_mm256_packus_epi16(s[0], s[1]), 0xD8));
+    const __m128i sc = _mm_loadl_epi64((const __m128i *)(b + 66));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i l = _mm_unpacklo_epi64(_mm_and_si128(sc, m4), _mm_and_si128(_mm_srli_epi16(sc, 4), m4));
+    l = _mm_add_epi8(_mm_add_epi8(l, l), _mm_set1_epi8(1));
+    P->L = _mm256_broadcastsi128_si256(l);
 }
 
-/* ---------------------------------------------------------------- IQ3_XXS */
-
-static inline void iq3xxs_reg(const uint8_t *b, __m256i S4, __m256i LS, int k, __m256i *g, __m256i *s,
-                              __m256i *sc) {
-    const uint8_t *gi = b + 2 + 8 * k;
-    *g = _mm256_setr_epi32((int)strata_iq3xxs_grid[gi[0]], (int)strata_iq3xxs_grid[gi[1]],
-                           (int)strata_iq3xxs_grid[gi[2]], (int)strata_iq3xxs_grid[gi[3]],
-                           (int)strata_iq3xxs_grid[gi[4]], (int)strata_iq3xxs_grid[gi[5]],
-                           (int)strata_iq3xxs_grid[gi[6]], (int)strata_iq3xxs_grid[gi[7]]);
-    *s = signs_pm1_lane(S4, k);
-    *sc = _mm256_permutevar8x32_epi32(LS, _mm256_set1_epi32(k));
-}
-
-static inline void iq3xxs_decode(const uint8_t *b, iq_dec *D) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 66));
-    const __m256i S4 = ksigns_x4(w), LS = iq_word_scales(w);
-    for (int k = 0; k < 8; k++) iq3xxs_reg(b, S4, LS, k, &D->g[k], &D->s[k], &D->sc[k]);
-}
-
-static inline int32_t iq3xxs_isum1(const uint8_t *b, const int8_t *q) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 66));
-    const __m256i S4 = ksigns_x4(w), LS = iq_word_scales(w);
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        __m256i g, s, sc;
-        iq3xxs_reg(b, S4, LS, k, &g, &s, &sc);
-        const __m256i qv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(q + 32 * k)), s);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(g, qv), sc));
-    }
-    return strata_hsum_i32x8(acc);
-}
-
-/* ---------------------------------------------------------------- vec_dot drivers */
-
-typedef int32_t (*isum1_fn)(const uint8_t *b, const int8_t *q);
-typedef void (*decode_fn)(const uint8_t *b, iq_dec *D);
-
-static inline float block_d(const uint8_t *b) { return _cvtsh_ss(strata_rd_u16(b)); }
-
-static inline void vec_dot_drv(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y,
-                               size_t type_size, float half_f, isum1_fn isum1, decode_fn decode) {
-    const int64_t nb = n / QK_K;
-    if (ncols == 1) {
-        const act_q8_256 *xb = x;
-        const uint8_t *b = w;
-        float acc[8] = {0};
-        for (int64_t i = 0; i < nb; i++, b += type_size) {
-            const int32_t is = isum1(b, xb[i].qs);
-            acc[i % 8] += block_d(b) * xb[i].d * (float)is * half_f;
-        }
-        y[0] = strata_hsum8(acc);
+IQ_INLINE void blk_prep(int kind, const uint8_t *b, iq_blk *P) {
+    if (kind == KIND_IQ2XS) {
+        iq2xs_prep(b, P);
         return;
     }
+    __m256i w;
+    if (kind == KIND_IQ2XXS) { /* each group's word follows its 4 grid bytes: odd dwords */
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(b + 2));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(b + 34));
+        const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+        w = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v0, odd), _mm256_permutevar8x32_epi32(v1, odd), 0xF0);
+    } else {
+        w = _mm256_loadu_si256((const __m256i *)(b + 66));
+    }
+    put_signs(P, ksigns_x4(w));
+    P->L = iq_word_scales(w);
+}
+
+/* Register k of a super-block: values 32k..32k+31. */
+IQ_INLINE void blk_reg(int kind, const uint8_t *b, const iq_blk *P, int k, __m256i *g, __m256i *s,
+                           __m256i *sc) {
+    if (kind == KIND_IQ2XS) {
+        /* scalar index loads: measurably faster than extracting them from a vector */
+        const uint8_t *qs = b + 2 + 8 * k;
+        *g = _mm256_set_epi64x((int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 6) & 511],
+                               (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 4) & 511],
+                               (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 2) & 511],
+                               (int64_t)strata_iq2xs_grid[strata_rd_u16(qs + 0) & 511]);
+        /* int16 lanes: low 128 bits take byte k of L (scale group 2k), high 128 bits byte 8+k
+         * (control byte 0x80 zeroes the high byte) */
+        const short lo = (short)(0x8000 | k), hi = (short)(0x8008 | k);
+        const __m256i ctl = _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+        *sc = _mm256_shuffle_epi8(P->L, ctl);
+    } else {
+        const uint8_t *gi = b + 2 + 8 * k;
+        if (kind == KIND_IQ2XXS)
+            *g = _mm256_set_epi64x((int64_t)strata_iq2xxs_grid[gi[3]], (int64_t)strata_iq2xxs_grid[gi[2]],
+                                   (int64_t)strata_iq2xxs_grid[gi[1]], (int64_t)strata_iq2xxs_grid[gi[0]]);
+        else
+            *g = _mm256_setr_epi32((int)strata_iq3xxs_grid[gi[0]], (int)strata_iq3xxs_grid[gi[1]],
+                                   (int)strata_iq3xxs_grid[gi[2]], (int)strata_iq3xxs_grid[gi[3]],
+                                   (int)strata_iq3xxs_grid[gi[4]], (int)strata_iq3xxs_grid[gi[5]],
+                                   (int)strata_iq3xxs_grid[gi[6]], (int)strata_iq3xxs_grid[gi[7]]);
+        *sc = _mm256_permutevar8x32_epi32(P->L, _mm256_set1_epi32(k));
+    }
+    *s = signs_pm1(P->S[k / 4], k);
+}
+
+/* acc += the int32 partial sums of 32 values: maddubs(g, q * sign) -> int16 pairs (|.| <=
+ * 2 * 62 * 127 for every weight byte, no saturation), madd with the scale factors. */
+IQ_INLINE __m256i dot32(__m256i acc, __m256i g, __m256i s, __m256i sc, const int8_t *q) {
+    const __m256i qv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)q), s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(g, qv), sc));
+}
+
+IQ_INLINE float block_d(const uint8_t *b) { return _cvtsh_ss(strata_rd_u16(b)); }
+
+/* ---------------------------------------------------------------- decoded super-block */
+
+/* One super-block decoded for all columns (768 bytes, stays in L1). */
+typedef struct {
+    __m256i g[8], s[8], sc[8];
+} iq_dec;
+
+IQ_INLINE void blk_decode(int kind, const uint8_t *b, iq_dec *D) {
+    iq_blk P;
+    blk_prep(kind, b, &P);
+    for (int k = 0; k < 8; k++) blk_reg(kind, b, &P, k, &D->g[k], &D->s[k], &D->sc[k]);
+}
+
+/* Applies decoded block i to m (<= 8, a constant after inlining) columns xc[0..m): the
+ * int32 lane sums of each column, then facc[c] = fma((d * x.d) * half_f, lanes, facc[c]),
+ * the scalar reference's expression. */
+IQ_INLINE void dot_dec_pass(const iq_dec *D, const act_q8_256 *const *xc, int m, int64_t i, float d,
+                            float half_f, __m256 *facc) {
+    __m256i acc[8];
+    for (int c = 0; c < m; c++) acc[c] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        const __m256i g = _mm256_load_si256(&D->g[k]);
+        const __m256i s = _mm256_load_si256(&D->s[k]);
+        const __m256i sc = _mm256_load_si256(&D->sc[k]);
+        for (int c = 0; c < m; c++) acc[c] = dot32(acc[c], g, s, sc, xc[c][i].qs + 32 * k);
+    }
+    for (int c = 0; c < m; c++) {
+        const __m256 dd = _mm256_set1_ps(d * xc[c][i].d * half_f);
+        facc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(acc[c]), facc[c]);
+    }
+}
+
+/* Columns [0, m1 + m2): every super-block is decoded once, then applied to a pass of m1 and
+ * a pass of m2 columns (m1, m2 <= 8, constants after inlining). */
+IQ_INLINE void vec_dot_many(int kind, int64_t nb, const uint8_t *b, size_t type_size, const void *x,
+                            size_t x_stride, int m1, int m2, float half_f, float *y) {
+    const act_q8_256 *xc[16];
+    __m256 facc[16];
+    for (int c = 0; c < m1 + m2; c++) {
+        xc[c] = (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
+        facc[c] = _mm256_setzero_ps();
+    }
     iq_dec D;
-    for (int c0 = 0; c0 < ncols; c0 += MAX_COLS) {
-        const int m = ncols - c0 < MAX_COLS ? ncols - c0 : MAX_COLS;
-        const char *xc = (const char *)x + (size_t)c0 * x_stride;
-        float facc[MAX_COLS][8];
-        memset(facc, 0, sizeof facc);
-        const uint8_t *b = w;
-        for (int64_t i = 0; i < nb; i++, b += type_size) {
-            decode(b, &D);
-            dot_dec_cols(&D, xc, x_stride, m, i, block_d(b), half_f, facc);
+    for (int64_t i = 0; i < nb; i++, b += type_size) {
+        blk_decode(kind, b, &D);
+        const float d = block_d(b);
+        dot_dec_pass(&D, xc, m1, i, d, half_f, facc);
+        if (m2 > 0) dot_dec_pass(&D, xc + m1, m2, i, d, half_f, facc + m1);
+    }
+    for (int c = 0; c < m1 + m2; c++) y[c] = strata_hsum8_avx2(facc[c]);
+}
+
+/* ---------------------------------------------------------------- vec_dot entry points */
+
+IQ_INLINE void vec_dot_iq(int kind, int64_t n, const void *w, const void *x, size_t x_stride, int ncols,
+                          float *y, size_t type_size, float half_f) {
+    const int64_t nb = n / QK_K;
+    for (; ncols > 0; ncols -= MAX_COLS, y += MAX_COLS, x = (const char *)x + MAX_COLS * x_stride) {
+#define MANY(m1, m2) vec_dot_many(kind, nb, w, type_size, x, x_stride, m1, m2, half_f, y)
+        switch (ncols) {
+        case 1: MANY(1, 0); break;
+        case 2: MANY(2, 0); break;
+        case 3: MANY(3, 0); break;
+        case 4: MANY(4, 0); break;
+        case 5: MANY(5, 0); break;
+        case 6: MANY(6, 0); break;
+        case 7: MANY(7, 0); break;
+        case 8: MANY(8, 0); break;
+        case 9: MANY(8, 1); break;
+        case 10: MANY(8, 2); break;
+        case 11: MANY(8, 3); break;
+        case 12: MANY(8, 4); break;
+        case 13: MANY(8, 5); break;
+        case 14: MANY(8, 6); break;
+        case 15: MANY(8, 7); break;
+        default: MANY(8, 8); break;
         }
-        for (int c = 0; c < m; c++) y[c0 + c] = strata_hsum8(facc[c]);
+#undef MANY
     }
 }
 
 void strata_avx2_vec_dot_iq2_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_drv(n, w, x, x_stride, ncols, y, IQ2XXS_SIZE, 0.125f, iq2xxs_isum1, iq2xxs_decode);
+    vec_dot_iq(KIND_IQ2XXS, n, w, x, x_stride, ncols, y, IQ2XXS_SIZE, 0.125f);
 }
 
 void strata_avx2_vec_dot_iq2_xs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_drv(n, w, x, x_stride, ncols, y, IQ2XS_SIZE, 0.125f, iq2xs_isum1, iq2xs_decode);
+    vec_dot_iq(KIND_IQ2XS, n, w, x, x_stride, ncols, y, IQ2XS_SIZE, 0.125f);
 }
 
 void strata_avx2_vec_dot_iq3_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
-    vec_dot_drv(n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, 0.25f, iq3xxs_isum1, iq3xxs_decode);
+    vec_dot_iq(KIND_IQ3XXS, n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, 0.25f);
 }
 
 /* ---------------------------------------------------------------- dequantization */

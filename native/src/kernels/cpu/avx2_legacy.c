@@ -118,10 +118,10 @@ static inline __m256 ql_col(qlfmt f, const ql_weights *w, const uint8_t *p, __m2
         const __m256i y = _mm256_loadu_si256((const __m256i *)a[k].qs);
         pk[k] = f == QL_Q8_0 ? q8_dot_s8(wu, ws, y) : _mm256_maddubs_epi16(wu, y);
     }
-    /* |codes| <= 15 (Q4) keep 16 products within 15 * 127 * 16 = 30480, <= 31 (Q5) keep
-     * 8 within 31496: those sums fit int16. Q8_0 needs 32-bit sums (madd above). */
+    /* |codes| <= 15 (Q4) keep 16 products within 15 * 127 * 16 = 30480: those sums fit
+     * int16. Q5 (16 products up to 62992) sums in 32 bits; Q8_0's madd is in q8_dot_s8. */
     __m256i sumi = f == QL_Q8_0 ? q8_reduce8(pk)
-                 : (f == QL_Q4_0 || f == QL_Q4_1) ? q8_reduce8_i16_16(pk) : q8_reduce8_i16_8(pk);
+                 : (f == QL_Q4_0 || f == QL_Q4_1) ? q8_reduce8_i16_16(pk) : q8_reduce8_madd(pk);
     __m256 dx;
     __m256i sumy = _mm256_setzero_si256();
     q8_act_ds8(a, 1, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);

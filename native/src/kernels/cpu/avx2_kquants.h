@@ -4,13 +4,14 @@
  *
  * Summation order of vec_dot (both paths; what makes them agree bit for bit). Per super-block
  * the exact integer sums are split into eight lanes, l = 0..7, the int32 lanes in which
- * maddubs + madd leave them:
- *   S_l = sum over values i with (i % 32) / 4 == l of scale(i) * code(i) * qx(i)
- *         [Q3_K, Q6_K: - off * (s(2l) * bsums[2l] + s(2l+1) * bsums[2l+1]), off = 4, 32,
- *          code(i) being the unsigned code, value + off]
- *   M_l = min(2l) * bsums[2l] + min(2l+1) * bsums[2l+1]       (Q2_K, Q4_K, Q5_K)
- * where scale(i)/min(t) belong to value i / to the 16 values 16t..16t+15. Lane l of the
- * float accumulator then gets kq_part(_min)(xd, d, dmin, S_l, M_l), blocks in order, and the
+ * maddubs + madd leave them (qx: activation codes, bsums[t]: their sums over 16t..16t+15;
+ * sc(i): the scale of value i's sub-block, sc16(t) / m16(t): scale / min of values 16t..):
+ *   S_l = sum over values i with (i % 32) / 4 == l of sc(i) * code(i) * qx(i)
+ *         - off * (sc16(2l) * bsums[2l] + sc16(2l+1) * bsums[2l+1])
+ *   M_l = m16(2l) * bsums[2l] + m16(2l+1) * bsums[2l+1]          (Q2_K, Q4_K, Q5_K)
+ * where code(i) is the value the kernel multiplies: the unsigned code q + off for Q3_K
+ * (off = 4) and Q6_K (off = 32), the value itself (off = 0) otherwise. Lane l of the float
+ * accumulator then gets kq_part(_min)(xd, d, dmin, S_l, M_l), block after block, and the
  * eight accumulators are reduced with strata_hsum8. (This replaces the "block b to lane
  * b % 8" recipe of quant.h: it needs no horizontal sum per block, and is as exact.)
  *

@@ -16,9 +16,10 @@
  *
  * Dot products run against act_q8_256 (x ~ xd * qx, bsums = sums of 16 qx). Per super-block
  * the reference forms exact integer lane sums S_l = sum of sc * q * qx over the values of
- * lane l and, for formats with mins, M_l = sum of m * bsum, then adds the lane's float part
- * kq_part(_min)(xd, d, dmin, S_l, M_l) to accumulator l: the order the AVX2 kernel's int32
- * lanes impose, defined in avx2_kquants.h.
+ * lane l and, for formats with mins, M_l = sum of m * bsum, then accumulates them in float
+ * lane l with kq_lane_step (one fmaf): the order the AVX2 kernel's int32 lanes impose,
+ * defined in avx2_kquants.h. fmaf is inlined where the target has FMA; elsewhere libm's
+ * correctly rounded fmaf keeps this reference exact, if slower.
  */
 #include "quant.h"
 
@@ -221,8 +222,8 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
     return (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
 }
 
-/* One reference dot-product function per format: decode the block, form its lane sums, add
- * each lane's float part to its accumulator; reduce the eight accumulators at the end. */
+/* One reference dot-product function per format: decode the block, form its lane sums,
+ * accumulate each lane in float; reduce the eight lanes at the end. */
 #define KQ_VEC_DOT_MIN(NAME, BLOCK, UNPACK, NSUB, SUB)                                          \
     static void vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,     \
                                int ncols, float *y) {                                          \
@@ -230,7 +231,7 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
         const int64_t nb = n / QK_K;                                                            \
         for (int c = 0; c < ncols; c++) {                                                       \
             const act_q8_256 *x = act_col(vx, x_stride, c);                                     \
-            float acc[8] = {0};                                                                 \
+            float acc[8] = {0}, accm[8] = {0};                                                  \
             for (int64_t b = 0; b < nb; b++) {                                                  \
                 int8_t q[QK_K];                                                                 \
                 int32_t sc[NSUB], m[NSUB], S[8], M[8];                                          \
@@ -238,8 +239,12 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
                 lane_sums(q, sc, m, SUB, 0, &x[b], S, M);                                       \
                 const float d = strata_fp16_to_fp32(strata_rd_u16(w[b].d));                     \
                 const float dmin = strata_fp16_to_fp32(strata_rd_u16(w[b].dmin));               \
-                for (int l = 0; l < 8; l++) acc[l] += kq_part_min(x[b].d, d, dmin, S[l], M[l]); \
+                for (int l = 0; l < 8; l++) {                                                   \
+                    acc[l] = kq_lane_step(x[b].d, d, S[l], acc[l]);                             \
+                    accm[l] = kq_lane_step(x[b].d, dmin, M[l], accm[l]);                        \
+                }                                                                               \
             }                                                                                   \
+            for (int l = 0; l < 8; l++) acc[l] -= accm[l];                                      \
             y[c] = strata_hsum8(acc);                                                           \
         }                                                                                       \
     }
@@ -258,7 +263,7 @@ static inline const act_q8_256 *act_col(const void *x, size_t x_stride, int c) {
                 UNPACK(&w[b], q, s);                                                            \
                 lane_sums(q, s, NULL, SUB, OFF, &x[b], S, M);                                   \
                 const float d = strata_fp16_to_fp32(strata_rd_u16(w[b].d));                     \
-                for (int l = 0; l < 8; l++) acc[l] += kq_part(x[b].d, d, S[l]);                 \
+                for (int l = 0; l < 8; l++) acc[l] = kq_lane_step(x[b].d, d, S[l], acc[l]);     \
             }                                                                                   \
             y[c] = strata_hsum8(acc);                                                           \
         }                                                                                       \

@@ -260,13 +260,12 @@ static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
 /* ---------------------------------------------------------------- vec_dot */
 
 /* One tile of nc <= KQ_COLS activation rows. Per block and column, lane l of the integer
- * sums S (and M) becomes lane l of the float part: acc += (xd*d)*S [- (xd*dmin)*M], the
- * operations of kq_part(_min) in the scalar reference. */
+ * sums S (M) goes into lane l of acc (accm) as kq_lane_step does it: fma(xd*d, S, acc). */
 #define KQ_VEC_DOT(NAME, BLOCK, DECODE, SVEC, HAS_MIN)                                             \
     static inline __attribute__((always_inline)) void kq_tile_##NAME(                             \
         const BLOCK *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) {           \
-        __m256 acc[KQ_COLS];                                                                       \
-        for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();                                 \
+        __m256 acc[KQ_COLS], accm[KQ_COLS];                                                        \
+        for (int c = 0; c < nc; c++) acc[c] = accm[c] = _mm256_setzero_ps();                       \
         for (int64_t b = 0; b < nb; b++) {                                                         \
             kq_dec D;                                                                              \
             DECODE(&w[b], &D);                                                                     \
@@ -274,14 +273,14 @@ static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
             for (int c = 0; c < nc; c++) {                                                         \
                 const act_q8_256 *x = (const act_q8_256 *)(xc + (size_t)c * x_stride) + b;         \
                 const __m256 xd = _mm256_broadcast_ss(&x->d);                                      \
-                __m256 part = _mm256_mul_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(SVEC(&D, x))); \
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(SVEC(&D, x)), acc[c]); \
                 if (HAS_MIN)                                                                       \
-                    part = _mm256_sub_ps(part, _mm256_mul_ps(_mm256_mul_ps(xd, dm8),               \
-                                                             _mm256_cvtepi32_ps(kq_bsums_x(&D, x)))); \
-                acc[c] = _mm256_add_ps(acc[c], part);                                              \
+                    accm[c] = _mm256_fmadd_ps(_mm256_mul_ps(xd, dm8),                              \
+                                              _mm256_cvtepi32_ps(kq_bsums_x(&D, x)), accm[c]);     \
             }                                                                                      \
         }                                                                                          \
-        for (int c = 0; c < nc; c++) y[c] = strata_hsum8_avx2(acc[c]);                             \
+        for (int c = 0; c < nc; c++)                                                               \
+            y[c] = strata_hsum8_avx2(HAS_MIN ? _mm256_sub_ps(acc[c], accm[c]) : acc[c]);           \
     }                                                                                              \
     void strata_avx2_vec_dot_##NAME(int64_t n, const void *vw, const void *vx, size_t x_stride,    \
                                     int ncols, float *y) {                                         \

@@ -10,10 +10,11 @@
  *         - off * (sc16(2l) * bsums[2l] + sc16(2l+1) * bsums[2l+1])
  *   M_l = m16(2l) * bsums[2l] + m16(2l+1) * bsums[2l+1]          (Q2_K, Q4_K, Q5_K)
  * where code(i) is the value the kernel multiplies: the unsigned code q + off for Q3_K
- * (off = 4) and Q6_K (off = 32), the value itself (off = 0) otherwise. Lane l of the float
- * accumulator then gets kq_part(_min)(xd, d, dmin, S_l, M_l), block after block, and the
- * eight accumulators are reduced with strata_hsum8. (This replaces the "block b to lane
- * b % 8" recipe of quant.h: it needs no horizontal sum per block, and is as exact.)
+ * (off = 4) and Q6_K (off = 32), the value itself (off = 0) otherwise. Block after block,
+ * lane l of two float accumulators takes kq_lane_step: acc[l] = fma(xd*d, S_l, acc[l]) and,
+ * with mins, accm[l] = fma(xd*dmin, M_l, accm[l]); the row's result is strata_hsum8 of the
+ * lane-wise acc - accm (of acc without mins). This replaces the "block b to lane b % 8"
+ * recipe of quant.h: no horizontal sum per block, one FMA per lane, and as exact.
  *
  * Every block below is made of bytes only, so the structs have no padding and may alias the
  * file's bytes (alignment 1); fp16 fields are read with strata_rd_u16.
@@ -69,13 +70,11 @@ typedef struct {
     uint8_t qs[128];     /* value 32j+k: low nibble of qs[16j+k] (k < 16), else high nibble of qs[16j+k-16] */
 } kq_block_iq4_xs;
 
-/* The float step of one lane of a block; the AVX2 path does the same operations lane-wise
- * (-ffp-contract=off keeps both unfused). xd: activation scale; S, M: exact lane sums. */
-static inline float kq_part_min(float xd, float d, float dmin, int32_t S, int32_t M) {
-    return (xd * d) * (float)S - (xd * dmin) * (float)M;
-}
-static inline float kq_part(float xd, float d, int32_t S) {
-    return (xd * d) * (float)S;
+/* The float step of one lane of a block: the AVX2 path does the same operations lane-wise
+ * (mul, convert, _mm256_fmadd_ps). xd: activation scale, d: the block's d or dmin, S: the
+ * exact lane sum (S_l or M_l). */
+static inline float kq_lane_step(float xd, float d, int32_t S, float acc) {
+    return fmaf(xd * d, (float)S, acc);
 }
 
 #if STRATA_HAVE_AVX2

@@ -9,11 +9,16 @@
  * isa 0 is the portable scalar reference, isa 1 the AVX2+FMA+F16C path.
  *
  * Rule for vec_dot (tested): the scalar and AVX2 functions return the same float bit for
- * bit. To make that possible each format fixes its summation order: integer parts of a
- * block are exact; the float part of block b is computed with the same operations in both
- * paths and added to lane (b % 8) of eight float accumulators; the lanes are reduced with
- * strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h). Float weights
- * (F32/F16/BF16) treat element i as "block" i: acc[i % 8] = fmaf(w_i, x_i, acc[i % 8]).
+ * bit, and column c's result does not depend on ncols. To make that possible each format
+ * fixes its summation order in writing, and both paths follow it: integer parts are exact;
+ * every float operation is the same in both paths; eight float lane accumulators are
+ * reduced with strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h).
+ * Two orders are in use:
+ *   - block b's float part goes to lane (b % 8) (32-value formats; float weights treat
+ *     element i as block i: acc[i % 8] = fmaf(w_i, x_i, acc[i % 8]));
+ *   - the eight int32 lane sums a block's integer dot leaves become the float lanes
+ *     directly, one fmaf per lane (K-quants, IQ formats: see avx2_kquants.h), which saves
+ *     a horizontal sum per block.
  * The library builds with -ffp-contract=off, so a*b+c is never silently fused: write
  * fmaf() where you want an FMA (the AVX2 path then uses _mm256_fmadd_ps).
  */

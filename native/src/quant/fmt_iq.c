@@ -34,6 +34,10 @@
 
 enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98 };
 
+/* The IQ2_XS quantizer (quantize_iq2xs.c). */
+size_t strata_quantize_iq2_xs(const float *src, void *dst, int64_t nrows, int64_t n_per_row,
+                              const float *imatrix);
+
 /* ---------------------------------------------------------------- dequantization */
 
 static void dequant_iq2_xxs(const void *src, float *dst, int64_t n) {
@@ -189,7 +193,8 @@ void strata_quant_register_iq(strata_qtraits *t) {
     t[GT_IQ2_XS] = (strata_qtraits){
         .name = "IQ2_XS", .type = GT_IQ2_XS, .block_size = QK_K, .type_size = IQ2XS_SIZE,
         .act = STRATA_ACT_Q8_256,
-        .dequant = {dequant_iq2_xs, NULL}, .vec_dot = {vec_dot_iq2_xs, NULL}};
+        .dequant = {dequant_iq2_xs, NULL}, .vec_dot = {vec_dot_iq2_xs, NULL},
+        .quantize = strata_quantize_iq2_xs};
     t[GT_IQ3_XXS] = (strata_qtraits){
         .name = "IQ3_XXS", .type = GT_IQ3_XXS, .block_size = QK_K, .type_size = IQ3XXS_SIZE,
         .act = STRATA_ACT_Q8_256,

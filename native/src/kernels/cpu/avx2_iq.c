@@ -9,12 +9,13 @@
  *   s  — +1/-1 per byte (the signs, applied to the activations: sign_epi8),
  *   sc — 16-bit scale factors 2s+1 matching the int16 lanes maddubs produces,
  * then for every activation column: maddubs(g, sign(q8, s)) -> int16 pairs (|.| <= 2*62*127,
- * no saturation for any input), madd with sc -> int32, summed into the block's exact isum.
+ * no saturation for any input), madd with sc -> int32 lanes, summed over the block (exact).
+ * Lane j's sum converts to float and meets the column's accumulator lane j in one FMA, as in
+ * the scalar reference: no horizontal sum per block.
  * The decoded block sits in a 768-byte stack buffer (L1) and is applied to every column, so
  * decoding is paid once per block, not once per column. Each column count 1..16 has its own
- * straight-line loop (format and count are constants after forced inlining): up to 4
- * columns reduce their int32 sums one by one, 5..8 columns are reduced together, one per
- * lane; 9..16 columns are a pass of 8 plus a pass of the rest over the same decoded block.
+ * straight-line loop (format and count are constants after forced inlining); 9..16 columns
+ * are a pass of 8 plus a pass of the rest over the same decoded block.
  */
 #include "avx2_iq.h"
 #include "avx2_common.h"
@@ -45,6 +46,12 @@ IQ_INLINE __m256i signs_pm1(__m256i h, int k) {
     return _mm256_or_si256(_mm256_cmpeq_epi8(v, bits), _mm256_set1_epi8(1));
 }
 
+/* Byte v (0..15) -> 0x80 if v has an odd number of set bits, else 0. */
+IQ_INLINE __m256i odd_parity_lut(void) {
+    return _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                            0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+}
+
 /* w: per dword four 7-bit sign indices at bits 0, 7, 14, 21 (IQ2_XXS, IQ3_XXS). Returns per
  * dword the four sign bytes ksigns[index]: the index plus an 8th bit that makes the number
  * of set bits even (that is what the ksigns table holds). */
@@ -54,13 +61,10 @@ IQ_INLINE __m256i ksigns_x4(__m256i w) {
     s = _mm256_or_si256(s, _mm256_and_si256(_mm256_slli_epi32(w, 1), _mm256_slli_epi32(m7, 8)));
     s = _mm256_or_si256(s, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m7, 16)));
     s = _mm256_or_si256(s, _mm256_and_si256(_mm256_slli_epi32(w, 3), _mm256_slli_epi32(m7, 24)));
-    /* parity of each byte lands in its bit 0 (bits shifted in from the next byte only
-     * reach bits 4..7, which are not used) */
-    __m256i p = _mm256_xor_si256(s, _mm256_srli_epi32(s, 4));
-    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
-    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
-    p = _mm256_and_si256(p, _mm256_set1_epi32(0x01010101));
-    return _mm256_or_si256(s, _mm256_slli_epi32(p, 7));
+    /* a byte's parity is that of its low nibble ^ its high bits, a 4-bit value whose parity
+     * bit (as 0x80) a 16-entry shuffle table gives */
+    const __m256i nib = _mm256_and_si256(_mm256_xor_si256(s, _mm256_srli_epi32(s, 4)), _mm256_set1_epi8(0x0f));
+    return _mm256_or_si256(s, _mm256_shuffle_epi8(odd_parity_lut(), nib));
 }
 
 /* ---------------------------------------------------------------- per-format decoding */
@@ -92,13 +96,10 @@ IQ_INLINE void iq2xs_prep(const uint8_t *b, iq_blk *P) {
     __m256i s[2];
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2 + 32 * h));
-        /* 7-bit sign index; its parity is that of (bits 0..3) ^ (bits 4..6), a 4-bit value
-         * whose parity bit (as 0x80) a 16-entry shuffle table gives */
+        /* 7-bit sign index; its parity is that of (bits 0..3) ^ (bits 4..6) */
         const __m256i idx = _mm256_srli_epi16(q, 9);
         const __m256i nib = _mm256_xor_si256(idx, _mm256_srli_epi16(q, 13));
-        const __m256i odd = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
-                                             0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
-        s[h] = _mm256_or_si256(idx, _mm256_shuffle_epi8(odd, nib));
+        s[h] = _mm256_or_si256(idx, _mm256_shuffle_epi8(odd_parity_lut(), nib));
     }
     put_signs(P, _mm256_permute4x64_epi64(_mm256_packus_epi16(s[0], s[1]), 0xD8));
     const __m128i sc = _mm_loadl_epi64((const __m128i *)(b + 66));
@@ -222,7 +223,7 @@ IQ_INLINE void vec_dot_many(int kind, int64_t nb, const uint8_t *b, size_t type_
 IQ_INLINE void vec_dot_iq(int kind, int64_t n, const void *w, const void *x, size_t x_stride, int ncols,
                           float *y, size_t type_size, float half_f) {
     const int64_t nb = n / QK_K;
-    for (; ncols > 0; ncols -= MAX_COLS, y += MAX_COLS, x = (const char *)x + MAX_COLS * x_stride) {
+    while (ncols > 0) {
 #define MANY(m1, m2) vec_dot_many(kind, nb, w, type_size, x, x_stride, m1, m2, half_f, y)
         switch (ncols) {
         case 1: MANY(1, 0); break;
@@ -243,6 +244,10 @@ IQ_INLINE void vec_dot_iq(int kind, int64_t n, const void *w, const void *x, siz
         default: MANY(8, 8); break;
         }
 #undef MANY
+        if (ncols <= MAX_COLS) break; /* (no pointer is moved past the columns) */
+        ncols -= MAX_COLS;
+        y += MAX_COLS;
+        x = (const char *)x + MAX_COLS * x_stride;
     }
 }
 

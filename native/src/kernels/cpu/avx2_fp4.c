@@ -114,31 +114,32 @@ typedef struct {
     __m256 d[4];
 } f4_scales;
 
-static inline void f4_load_scales(f4fmt f, const uint8_t *p, f4_scales *s) {
+/* Scales of the group at p (or in the table wk of a partial group, see q8_blk). */
+static inline void f4_load_scales(f4fmt f, const uint8_t *p, const uint8_t *const *wk, f4_scales *s) {
     const int ts = f4_ts(f);
-    if (f == F4_IQ4_NL) s->d[0] = q8_load_f16x8(p, ts, 0);
-    else if (f == F4_MXFP4) s->d[0] = e8m0_half8(q8_load_u32x8(p, ts));
-    else ue4m3_half8x4(q8_load_u32x8(p, ts), s->d);
+    if (f == F4_IQ4_NL) s->d[0] = q8_load_f16x8(p, ts, 0, wk);
+    else if (f == F4_MXFP4) s->d[0] = e8m0_half8(q8_load_u32x8(p, ts, wk));
+    else ue4m3_half8x4(q8_load_u32x8(p, ts, wk), s->d);
 }
 
-/* Operands of block k of the group at p: one entry (IQ4_NL, MXFP4) or two (NVFP4). */
-static inline void f4_operands(f4fmt f, const uint8_t *p, int k, __m256i tab, __m256i atab,
-                               __m256i *wu, __m256i *ws) {
-    const int ts = f4_ts(f);
+/* Operands of the block at p: one entry (IQ4_NL, MXFP4) or two (NVFP4). */
+static inline void f4_operands(f4fmt f, const uint8_t *p, __m256i tab, __m256i atab, __m256i *wu, __m256i *ws) {
     __m256i c[2];
-    if (f == F4_NVFP4) nv_codes(p + k * ts, c);
-    else c[0] = q8_nibbles(p + k * ts + (f == F4_IQ4_NL ? 2 : 1));
+    if (f == F4_NVFP4) nv_codes(p, c);
+    else c[0] = q8_nibbles(p + (f == F4_IQ4_NL ? 2 : 1));
     for (int h = 0; h < (f == F4_NVFP4 ? 2 : 1); h++) {
         wu[h] = _mm256_shuffle_epi8(atab, c[h]);
         ws[h] = _mm256_shuffle_epi8(tab, c[h]);
     }
 }
 
-/* acc += the float parts of 8 blocks against the activations from a (the group's first
- * activation block). Weights come decoded (w != NULL; several columns) or are decoded here
- * from p (one column: nothing stored and reloaded). */
-static inline __m256 f4_col(f4fmt f, const f4_weights *w, const uint8_t *p, const f4_scales *s,
-                            __m256i tab, __m256i atab, const act_q8_32 *a, __m256 acc) {
+/* The float-part terms (see q8_terms) of 8 blocks against the activations from a (the
+ * group's first activation block), or from the tables wk, ak of a short row (see q8_blk).
+ * Weights come decoded (w != NULL; several columns) or are decoded here from p (one
+ * column: nothing stored and reloaded). */
+static inline q8_terms f4_terms(f4fmt f, const f4_weights *w, const uint8_t *p, const uint8_t *const *wk,
+                                const f4_scales *s, __m256i tab, __m256i atab, const act_q8_32 *a,
+                                const act_q8_32 *const *ak) {
     const int ne = f == F4_NVFP4 ? 2 : 1; /* entries (activation blocks) per weight block */
     __m256i m[2][8];
     for (int k = 0; k < 8; k++) {
@@ -146,17 +147,21 @@ static inline __m256 f4_col(f4fmt f, const f4_weights *w, const uint8_t *p, cons
         if (w) {
             for (int h = 0; h < ne; h++) wu[h] = w->wu[ne * k + h], ws[h] = w->ws[ne * k + h];
         } else {
-            f4_operands(f, p, k, tab, atab, wu, ws);
+            f4_operands(f, q8_blk(p, f4_ts(f), k, wk), tab, atab, wu, ws);
         }
         for (int h = 0; h < ne; h++) {
-            const __m256i y = _mm256_loadu_si256((const __m256i *)a[ne * k + h].qs);
+            const __m256i y = _mm256_loadu_si256((const __m256i *)q8_act_blk(a, ne * k + h, ak)->qs);
             m[h][k] = _mm256_maddubs_epi16(wu[h], _mm256_sign_epi8(y, ws[h]));
         }
     }
+    q8_terms t;
     if (f != F4_NVFP4) {
         /* MXFP4 |values| <= 12: 16 products <= 24384 fit int16; IQ4_NL's up to 127 need 32 bits */
         const __m256i sumi = f == F4_MXFP4 ? q8_reduce8_i16_16(m[0]) : q8_reduce8_madd(m[0]);
-        return _mm256_fmadd_ps(_mm256_mul_ps(s->d[0], q8_act_d8(a, 1)), _mm256_cvtepi32_ps(sumi), acc);
+        t.a0 = _mm256_mul_ps(s->d[0], q8_act_d8(a, ak, 0, 1));
+        t.b0 = _mm256_cvtepi32_ps(sumi);
+        t.a1 = t.b1 = _mm256_setzero_ps();
+        return t;
     }
     __m256 fi[4];
     for (int h = 0; h < 2; h++) {
@@ -165,10 +170,11 @@ static inline __m256 f4_col(f4fmt f, const f4_weights *w, const uint8_t *p, cons
         fi[2 * h] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(r)));
         fi[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
     }
-    const __m256 t0 = _mm256_fmadd_ps(s->d[0], fi[0], _mm256_mul_ps(s->d[1], fi[1]));
-    const __m256 t1 = _mm256_fmadd_ps(s->d[2], fi[2], _mm256_mul_ps(s->d[3], fi[3]));
-    acc = _mm256_fmadd_ps(t0, q8_act_d8(a, 2), acc);
-    return _mm256_fmadd_ps(t1, q8_act_d8(a + 1, 2), acc);
+    t.a0 = _mm256_fmadd_ps(s->d[0], fi[0], _mm256_mul_ps(s->d[1], fi[1]));
+    t.b0 = q8_act_d8(a, ak, 0, 2);
+    t.a1 = _mm256_fmadd_ps(s->d[2], fi[2], _mm256_mul_ps(s->d[3], fi[3]));
+    t.b1 = q8_act_d8(a, ak, 1, 2);
+    return t;
 }
 
 static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, size_t x_stride,
@@ -176,10 +182,41 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
     const int ts = f4_ts(f);
     const int bs = f == F4_NVFP4 ? 64 : 32;
     const int apb = bs / 32; /* activation blocks per weight block */
+    const int two = f == F4_NVFP4;
     const int64_t nb = n / bs;
+    const int rem = (int)(nb % 8);
+    const int64_t nfull = nb - rem;
     const uint8_t *wp = w;
     const __m256i tab = q8_table16(f4_table(f));
     const __m256i atab = _mm256_abs_epi8(tab);
+    const uint8_t *wk[8];
+    const act_q8_32 *ak[16];
+    /* Rows ending in a partial group: with nb >= 8 the last group is the row's last 8 blocks
+     * (q8_rotate), shorter rows read through tables (q8_blk). */
+    const int64_t bt = nb >= 8 ? nb - 8 : 0;
+    const uint8_t *pt = wp + bt * ts;
+    if (rem && nb < 8) q8_partial_w(wp, ts, rem, wk);
+    const uint8_t *const *wkt = rem && nb < 8 ? wk : NULL;
+    const __m256 keep = q8_lane_mask(rem);
+    f4_scales sc;
+    if (ncols == 1) {
+        /* one column (decode at batch 1): the accumulator stays in a register */
+        const act_q8_32 *xa = x;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nfull; b += 8) {
+            f4_load_scales(f, wp + b * ts, NULL, &sc);
+            acc = q8_apply(f4_terms(f, NULL, wp + b * ts, NULL, &sc, tab, atab, xa + b * apb, NULL), two, acc);
+        }
+        if (rem) {
+            if (wkt) q8_partial_a(xa, rem * apb, ak);
+            f4_load_scales(f, pt, wkt, &sc);
+            q8_terms t = f4_terms(f, NULL, pt, wkt, &sc, tab, atab, xa + bt * apb, wkt ? ak : NULL);
+            if (!wkt) t = q8_rotate(t, two, rem);
+            acc = _mm256_blendv_ps(acc, q8_apply(t, two, acc), keep);
+        }
+        y[0] = strata_hsum8_avx2(acc);
+        return;
+    }
     for (int c0 = 0; c0 < ncols; c0 += F4_MAX_COLS) {
         const int nc = ncols - c0 < F4_MAX_COLS ? ncols - c0 : F4_MAX_COLS;
         const act_q8_32 *xa[F4_MAX_COLS];
@@ -189,34 +226,22 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
             acc[c] = _mm256_setzero_ps();
         }
         f4_weights g;
-        f4_scales sc;
-        int64_t b = 0;
-        if (nc == 1) {
-            for (; b + 8 <= nb; b += 8) {
-                f4_load_scales(f, wp + b * ts, &sc);
-                acc[0] = f4_col(f, NULL, wp + b * ts, &sc, tab, atab, xa[0] + b * apb, acc[0]);
-            }
-        } else {
-            for (; b + 8 <= nb; b += 8) {
-                const uint8_t *p = wp + b * ts;
-                for (int k = 0; k < 8; k++) f4_operands(f, p, k, tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
-                f4_load_scales(f, p, &sc);
-                for (int c = 0; c < nc; c++) acc[c] = f4_col(f, &g, NULL, &sc, tab, atab, xa[c] + b * apb, acc[c]);
-            }
+        for (int64_t b = 0; b < nfull; b += 8) {
+            const uint8_t *p = wp + b * ts;
+            for (int k = 0; k < 8; k++) f4_operands(f, p + k * ts, tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
+            f4_load_scales(f, p, NULL, &sc);
+            for (int c = 0; c < nc; c++)
+                acc[c] = q8_apply(f4_terms(f, &g, NULL, NULL, &sc, tab, atab, xa[c] + b * apb, NULL), two, acc[c]);
         }
-        if (b < nb) {
-            /* Last partial group: zero-padded copies; padded lanes are blended away so they
-             * stay exactly as the scalar code leaves them (untouched). */
-            const int rem = (int)(nb - b);
-            uint8_t wbuf[8 * 36] = {0};
-            memcpy(wbuf, wp + b * ts, (size_t)rem * (size_t)ts);
-            f4_load_scales(f, wbuf, &sc);
-            const __m256 keep = q8_lane_mask(rem);
+        if (rem) {
+            for (int k = 0; k < 8; k++)
+                f4_operands(f, q8_blk(pt, ts, k, wkt), tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
+            f4_load_scales(f, pt, wkt, &sc);
             for (int c = 0; c < nc; c++) {
-                act_q8_32 abuf[16];
-                memset(abuf, 0, sizeof abuf);
-                memcpy(abuf, xa[c] + b * apb, (size_t)(rem * apb) * sizeof(act_q8_32));
-                acc[c] = _mm256_blendv_ps(acc[c], f4_col(f, NULL, wbuf, &sc, tab, atab, abuf, acc[c]), keep);
+                if (wkt) q8_partial_a(xa[c], rem * apb, ak);
+                q8_terms t = f4_terms(f, &g, NULL, NULL, &sc, tab, atab, xa[c] + bt * apb, wkt ? ak : NULL);
+                if (!wkt) t = q8_rotate(t, two, rem);
+                acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
             }
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);

@@ -14,7 +14,7 @@
 
 typedef enum { QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q8_0 } qlfmt;
 
-enum { QL_MAX_COLS = 16, QL_MAX_TS = 34 };
+enum { QL_MAX_COLS = 16 };
 
 static inline int ql_ts(qlfmt f) {
     switch (f) {
@@ -100,11 +100,12 @@ static inline void ql_block_operands(qlfmt f, const uint8_t *p, __m256i *wu, __m
     }
 }
 
-/* acc += the float parts of 8 blocks against activation blocks a[0..7]. The weights come
- * decoded (w != NULL; several columns) or are decoded here from p (one column: nothing is
- * stored and reloaded). d, m: lane k = scale and min of block k. */
-static inline __m256 ql_col(qlfmt f, const ql_weights *w, const uint8_t *p, __m256 d, __m256 m,
-                            const act_q8_32 *a, __m256 acc) {
+/* The float-part terms (see q8_terms) of 8 blocks against activation blocks a[0..7], or the
+ * tables wk, ak of a short row (see q8_blk). The weights come decoded (w != NULL; several
+ * columns) or are decoded here from p (one column: nothing is stored and reloaded). d, m:
+ * lane k = scale and min of block k. */
+static inline q8_terms ql_terms(qlfmt f, const ql_weights *w, const uint8_t *p, const uint8_t *const *wk,
+                                __m256 d, __m256 m, const act_q8_32 *a, const act_q8_32 *const *ak) {
     const int ts = ql_ts(f);
     __m256i pk[8];
     for (int k = 0; k < 8; k++) {
@@ -113,9 +114,9 @@ static inline __m256 ql_col(qlfmt f, const ql_weights *w, const uint8_t *p, __m2
             wu = w->wu[k];
             if (f == QL_Q8_0) ws = w->ws[k];
         } else {
-            ql_block_operands(f, p + k * ts, &wu, &ws);
+            ql_block_operands(f, q8_blk(p, ts, k, wk), &wu, &ws);
         }
-        const __m256i y = _mm256_loadu_si256((const __m256i *)a[k].qs);
+        const __m256i y = _mm256_loadu_si256((const __m256i *)q8_act_blk(a, k, ak)->qs);
         pk[k] = f == QL_Q8_0 ? q8_dot_s8(wu, ws, y) : _mm256_maddubs_epi16(wu, y);
     }
     /* |codes| <= 15 (Q4) keep 16 products within 15 * 127 * 16 = 30480: those sums fit
@@ -124,24 +125,62 @@ static inline __m256 ql_col(qlfmt f, const ql_weights *w, const uint8_t *p, __m2
                  : (f == QL_Q4_0 || f == QL_Q4_1) ? q8_reduce8_i16_16(pk) : q8_reduce8_madd(pk);
     __m256 dx;
     __m256i sumy = _mm256_setzero_si256();
-    q8_act_ds8(a, 1, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);
+    q8_act_ds8(a, ak, 0, 1, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);
     if (ql_offset(f)) sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(sumy, _mm256_set1_epi32(ql_offset(f))));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sumi), acc);
-    if (ql_has_min(f)) acc = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), _mm256_cvtepi32_ps(sumy), acc);
-    return acc;
+    q8_terms t;
+    t.a0 = _mm256_mul_ps(d, dx);
+    t.b0 = _mm256_cvtepi32_ps(sumi);
+    if (ql_has_min(f)) {
+        t.a1 = _mm256_mul_ps(m, dx);
+        t.b1 = _mm256_cvtepi32_ps(sumy);
+    } else {
+        t.a1 = t.b1 = _mm256_setzero_ps();
+    }
+    return t;
 }
 
-/* The scales (and mins) of the 8 blocks at p. */
-static inline void ql_scales(qlfmt f, const uint8_t *p, __m256 *d, __m256 *m) {
-    *d = q8_load_f16x8(p, ql_ts(f), 0);
-    *m = ql_has_min(f) ? q8_load_f16x8(p, ql_ts(f), 2) : _mm256_setzero_ps();
+/* The scales (and mins) of the group at p (or in the table wk). */
+static inline void ql_scales(qlfmt f, const uint8_t *p, const uint8_t *const *wk, __m256 *d, __m256 *m) {
+    *d = q8_load_f16x8(p, ql_ts(f), 0, wk);
+    *m = ql_has_min(f) ? q8_load_f16x8(p, ql_ts(f), 2, wk) : _mm256_setzero_ps();
 }
 
 static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
                               int ncols, float *y) {
     const int ts = ql_ts(f);
+    const int two = ql_has_min(f);
     const int64_t nb = n / 32;
+    const int rem = (int)(nb % 8);
+    const int64_t nfull = nb - rem;
     const uint8_t *wp = w;
+    const uint8_t *wk[8];
+    const act_q8_32 *ak[16];
+    /* Rows ending in a partial group: with nb >= 8 the last group is the row's last 8 blocks
+     * (q8_rotate), shorter rows read through tables (q8_blk). */
+    const int64_t bt = nb >= 8 ? nb - 8 : 0;
+    const uint8_t *pt = wp + bt * ts;
+    if (rem && nb < 8) q8_partial_w(wp, ts, rem, wk);
+    const uint8_t *const *wkt = rem && nb < 8 ? wk : NULL;
+    const __m256 keep = q8_lane_mask(rem);
+    __m256 d, m;
+    if (ncols == 1) {
+        /* one column (decode at batch 1): the accumulator stays in a register */
+        const act_q8_32 *xa = x;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nfull; b += 8) {
+            ql_scales(f, wp + b * ts, NULL, &d, &m);
+            acc = q8_apply(ql_terms(f, NULL, wp + b * ts, NULL, d, m, xa + b, NULL), two, acc);
+        }
+        if (rem) {
+            if (wkt) q8_partial_a(xa, rem, ak);
+            ql_scales(f, pt, wkt, &d, &m);
+            q8_terms t = ql_terms(f, NULL, pt, wkt, d, m, xa + bt, wkt ? ak : NULL);
+            if (!wkt) t = q8_rotate(t, two, rem);
+            acc = _mm256_blendv_ps(acc, q8_apply(t, two, acc), keep);
+        }
+        y[0] = strata_hsum8_avx2(acc);
+        return;
+    }
     for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
         const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
         const act_q8_32 *xa[QL_MAX_COLS];
@@ -151,34 +190,21 @@ static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, 
             acc[c] = _mm256_setzero_ps();
         }
         ql_weights g;
-        __m256 d, m;
-        int64_t b = 0;
-        if (nc == 1) {
-            for (; b + 8 <= nb; b += 8) {
-                ql_scales(f, wp + b * ts, &d, &m);
-                acc[0] = ql_col(f, NULL, wp + b * ts, d, m, xa[0] + b, acc[0]);
-            }
-        } else {
-            for (; b + 8 <= nb; b += 8) {
-                const uint8_t *p = wp + b * ts;
-                for (int k = 0; k < 8; k++) ql_block_operands(f, p + k * ts, &g.wu[k], &g.ws[k]);
-                ql_scales(f, p, &d, &m);
-                for (int c = 0; c < nc; c++) acc[c] = ql_col(f, &g, NULL, d, m, xa[c] + b, acc[c]);
-            }
+        for (int64_t b = 0; b < nfull; b += 8) {
+            const uint8_t *p = wp + b * ts;
+            for (int k = 0; k < 8; k++) ql_block_operands(f, p + k * ts, &g.wu[k], &g.ws[k]);
+            ql_scales(f, p, NULL, &d, &m);
+            for (int c = 0; c < nc; c++)
+                acc[c] = q8_apply(ql_terms(f, &g, NULL, NULL, d, m, xa[c] + b, NULL), two, acc[c]);
         }
-        if (b < nb) {
-            /* Last partial group: zero-padded copies; the padded lanes are blended away so
-             * that they stay exactly as the scalar code leaves them (untouched). */
-            const int rem = (int)(nb - b);
-            uint8_t wbuf[8 * QL_MAX_TS] = {0};
-            memcpy(wbuf, wp + b * ts, (size_t)rem * (size_t)ts);
-            ql_scales(f, wbuf, &d, &m);
-            const __m256 keep = q8_lane_mask(rem);
+        if (rem) {
+            for (int k = 0; k < 8; k++) ql_block_operands(f, q8_blk(pt, ts, k, wkt), &g.wu[k], &g.ws[k]);
+            ql_scales(f, pt, wkt, &d, &m);
             for (int c = 0; c < nc; c++) {
-                act_q8_32 abuf[8];
-                memset(abuf, 0, sizeof abuf);
-                memcpy(abuf, xa[c] + b, (size_t)rem * sizeof(act_q8_32));
-                acc[c] = _mm256_blendv_ps(acc[c], ql_col(f, NULL, wbuf, d, m, abuf, acc[c]), keep);
+                if (wkt) q8_partial_a(xa[c], rem, ak);
+                q8_terms t = ql_terms(f, &g, NULL, NULL, d, m, xa[c] + bt, wkt ? ak : NULL);
+                if (!wkt) t = q8_rotate(t, two, rem);
+                acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
             }
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);

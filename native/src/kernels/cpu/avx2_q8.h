@@ -59,12 +59,41 @@ static inline __m256i q8_reduce8_madd(const __m256i m[8]) {
     return q8_reduce8(p);
 }
 
-/* The activation scales (d) and code sums of blocks y[0], y[step], ..., y[7 * step], lane k
- * for block step * k. Built from 64-bit loads of each block's {d, sum} head: on Zen 4 and
- * Intel cores eight separate loads cost a fraction of one vpgatherdd. */
-static inline void q8_act_ds8(const act_q8_32 *y, int step, __m256 *d, __m256i *sum) {
-#define Q8_DS2(i, j) _mm_castpd_ps(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)&y[(i) * step])), \
-                                             (const double *)&y[(j) * step]))
+/* Where a group's blocks are: weight block k at p + k * ts and activation block i at a + i,
+ * or, for a row shorter than one group (nb < 8 blocks), at wk[k] and ak[i]: tables in which
+ * the blocks past the row point to the zero blocks below. Nothing past the row is read and
+ * no branch depends on nb inside the kernels; the lanes of the missing blocks are then
+ * discarded by the caller. The other paths pass NULL tables (folded away). */
+static _Alignas(32) const uint8_t q8_zero_block[64] = {0x7f}; /* 0x7f: an MXFP4 scale of 2^-1;
+    E8M0 0 would be a subnormal float, and x86 takes a microcode assist on those (~100x) */
+static const act_q8_32 q8_zero_act;
+
+static inline const uint8_t *q8_blk(const uint8_t *p, int ts, int k, const uint8_t *const *wk) {
+    return wk ? wk[k] : p + k * ts;
+}
+
+static inline const act_q8_32 *q8_act_blk(const act_q8_32 *a, int i, const act_q8_32 *const *ak) {
+    return ak ? ak[i] : a + i;
+}
+
+/* Tables for a partial group of rem weight blocks (apb activation blocks each). */
+static inline void q8_partial_w(const uint8_t *p, int ts, int rem, const uint8_t *wk[8]) {
+    for (int k = 0; k < 8; k++) wk[k] = k < rem ? p + k * ts : q8_zero_block;
+}
+
+static inline void q8_partial_a(const act_q8_32 *a, int n, const act_q8_32 *ak[16]) {
+    for (int i = 0; i < 16; i++) ak[i] = i < n ? a + i : &q8_zero_act;
+}
+
+/* The activation scales (d) and code sums of blocks first, first + step, ...,
+ * first + 7 * step; lane k for block first + step * k. Built from 64-bit loads of each
+ * block's {d, sum} head: on Zen 4 and Intel cores eight separate loads cost a fraction of
+ * one vpgatherdd. */
+static inline void q8_act_ds8(const act_q8_32 *y, const act_q8_32 *const *yk, int first, int step,
+                              __m256 *d, __m256i *sum) {
+#define Q8_DS2(i, j) _mm_castpd_ps(_mm_loadh_pd(                                                      \
+        _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)q8_act_blk(y, first + (i) * step, yk))),  \
+        (const double *)q8_act_blk(y, first + (j) * step, yk)))
     /* each 128-bit half holds {d, sum} of two blocks */
     const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(Q8_DS2(0, 1)), Q8_DS2(4, 5), 1);
     const __m256 b = _mm256_insertf128_ps(_mm256_castps128_ps256(Q8_DS2(2, 3)), Q8_DS2(6, 7), 1);
@@ -73,26 +102,27 @@ static inline void q8_act_ds8(const act_q8_32 *y, int step, __m256 *d, __m256i *
     if (sum) *sum = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-static inline __m256 q8_act_d8(const act_q8_32 *y, int step) {
+static inline __m256 q8_act_d8(const act_q8_32 *y, const act_q8_32 *const *yk, int first, int step) {
     __m256 d;
-    q8_act_ds8(y, step, &d, NULL);
+    q8_act_ds8(y, yk, first, step, &d, NULL);
     return d;
 }
 
-/* Lane k = the 4 bytes at p + k * ts (little-endian). Packed in general-purpose registers
+/* Lane k = the 4 bytes at the start of weight block k. Packed in general-purpose registers
  * (idle in these loops) instead of a gather. */
-static inline __m256i q8_load_u32x8(const uint8_t *p, int ts) {
+static inline __m256i q8_load_u32x8(const uint8_t *p, int ts, const uint8_t *const *wk) {
     uint64_t v[4];
     for (int k = 0; k < 4; k++)
-        v[k] = (uint64_t)strata_rd_u32(p + 2 * k * ts) | (uint64_t)strata_rd_u32(p + (2 * k + 1) * ts) << 32;
+        v[k] = (uint64_t)strata_rd_u32(q8_blk(p, ts, 2 * k, wk)) |
+               (uint64_t)strata_rd_u32(q8_blk(p, ts, 2 * k + 1, wk)) << 32;
     __asm__("" : "+r"(v[0]), "+r"(v[1]), "+r"(v[2]), "+r"(v[3]));
     return _mm256_setr_epi64x((long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3]);
 }
 
-/* Lane k = the F16 at p + k * ts + off. */
-static inline __m256 q8_load_f16x8(const uint8_t *p, int ts, int off) {
+/* Lane k = the F16 at byte off of weight block k. */
+static inline __m256 q8_load_f16x8(const uint8_t *p, int ts, int off, const uint8_t *const *wk) {
     uint64_t v[2] = {0, 0};
-    for (int k = 0; k < 8; k++) v[k / 4] |= (uint64_t)strata_rd_u16(p + k * ts + off) << (16 * (k % 4));
+    for (int k = 0; k < 8; k++) v[k / 4] |= (uint64_t)strata_rd_u16(q8_blk(p, ts, k, wk) + off) << (16 * (k % 4));
     __asm__("" : "+r"(v[0]), "+r"(v[1]));
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)v[1], (long long)v[0]));
 }
@@ -127,6 +157,34 @@ static inline __m256i q8_reduce8_i16_16(const __m256i m[8]) {
     const __m256i r = q8_hsum16x8_16(m);
     return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(r)),
                             _mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
+}
+
+/* The float part of a group for one column, lane k = block k: acc = fma(a0, b0, acc), then
+ * (for formats with a second term) acc = fma(a1, b1, acc). Kept apart from the integer work
+ * so that the last group of a row can be moved to its lanes first (q8_rotate). */
+typedef struct {
+    __m256 a0, b0, a1, b1;
+} q8_terms;
+
+static inline __m256 q8_apply(q8_terms t, int two, __m256 acc) {
+    acc = _mm256_fmadd_ps(t.a0, t.b0, acc);
+    return two ? _mm256_fmadd_ps(t.a1, t.b1, acc) : acc;
+}
+
+/* A row of nb >= 8 blocks whose last rem = nb % 8 blocks do not fill a group ends with the
+ * group of its last 8 blocks (overlapping the previous one): its lane k holds block
+ * nb - 8 + k. The new blocks nb - rem + j belong in lane j, i.e. lane j takes lane
+ * j + 8 - rem; the caller keeps lanes < rem only. */
+static inline q8_terms q8_rotate(q8_terms t, int two, int rem) {
+    const __m256i idx = _mm256_and_si256(_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                          _mm256_set1_epi32(8 - rem)), _mm256_set1_epi32(7));
+    t.a0 = _mm256_permutevar8x32_ps(t.a0, idx);
+    t.b0 = _mm256_permutevar8x32_ps(t.b0, idx);
+    if (two) {
+        t.a1 = _mm256_permutevar8x32_ps(t.a1, idx);
+        t.b1 = _mm256_permutevar8x32_ps(t.b1, idx);
+    }
+    return t;
 }
 
 /* First k lanes set (k in 0..8). */

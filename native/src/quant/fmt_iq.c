@@ -25,7 +25,7 @@
  * 32k + 4j + 3 (the lanes of the AVX2 int32 accumulator). Since (0.5 + s) * f =
  * (2s + 1) * f / 2, every block then does, for each lane j,
  *     acc[j] = fmaf((d * x.d) * f/2, (float)lane[j], acc[j])   (f/2 = 1/8 for IQ2, 1/4 IQ3)
- * and y = strata_hsum8(acc). This order (ggml's, too) needs no horizontal sum per block; the
+ * and y = strata_hsum8(acc). This order needs no horizontal sum per block; the
  * AVX2 kernels (kernels/cpu/avx2_iq.c) do the same operations with _mm256_fmadd_ps.
  */
 #include "quant.h"

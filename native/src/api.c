@@ -2,6 +2,7 @@
  * CPU path selection, the context (thread pool) and the block-format calls. */
 #include "strata.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -43,16 +44,27 @@ const char *strata_build_info(void) {
 
 /* ---------------------------------------------------------------- CPU paths */
 
-int strata_cpu_has_avx2(void) {
+static int g_has_avx2;
+static int g_isa_env_scalar;
+static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+
+/* Detected once: cpuid is a VM exit under a hypervisor (tens of microseconds here), far too
+ * slow for a per-call check, and getenv is not thread-safe against setenv. */
+static void cpu_detect(void) {
 #if STRATA_HAVE_AVX2
     /* F16C through cpuid: clang 14 (the fuzz build) rejects __builtin_cpu_supports("f16c") */
     unsigned a = 0, b = 0, c = 0, d = 0;
     const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-#else
-    return 0;
+    g_has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #endif
+    const char *env = getenv("STRATA_ISA");
+    g_isa_env_scalar = env && strcmp(env, "scalar") == 0;
+}
+
+int strata_cpu_has_avx2(void) {
+    pthread_once(&g_cpu_once, cpu_detect);
+    return g_has_avx2;
 }
 
 int32_t strata_isa_supported(strata_isa isa) {
@@ -65,9 +77,8 @@ int32_t strata_isa_supported(strata_isa isa) {
 }
 
 strata_isa strata_isa_best(void) {
-    const char *env = getenv("STRATA_ISA");
-    if (env && strcmp(env, "scalar") == 0) return STRATA_ISA_SCALAR;
-    return strata_cpu_has_avx2() ? STRATA_ISA_AVX2 : STRATA_ISA_SCALAR;
+    const int avx2 = strata_cpu_has_avx2(); /* runs cpu_detect once */
+    return avx2 && !g_isa_env_scalar ? STRATA_ISA_AVX2 : STRATA_ISA_SCALAR;
 }
 
 /* Resolves a public isa to a table index, or fails if it cannot run here. */

@@ -64,8 +64,10 @@ static inline __m256i q8_reduce8_madd(const __m256i m[8]) {
  * the blocks past the row point to the zero blocks below. Nothing past the row is read and
  * no branch depends on nb inside the kernels; the lanes of the missing blocks are then
  * discarded by the caller. The other paths pass NULL tables (folded away). */
-static _Alignas(32) const uint8_t q8_zero_block[64] = {0x7f}; /* 0x7f: an MXFP4 scale of 2^-1;
-    E8M0 0 would be a subnormal float, and x86 takes a microcode assist on those (~100x) */
+/* Byte 0 = 0x7f: as an MXFP4 scale that is 2^-1. E8M0 0 would be a subnormal float, and
+ * arithmetic on subnormals takes a slow microcode assist on x86 (measured: the short-row
+ * MXFP4 case ran ~1.5x slower). Every other format reads a zero or normal scale here. */
+static _Alignas(32) const uint8_t q8_zero_block[64] = {0x7f};
 static const act_q8_32 q8_zero_act;
 
 static inline const uint8_t *q8_blk(const uint8_t *p, int ts, int k, const uint8_t *const *wk) {

@@ -65,8 +65,8 @@ static inline __m256i q8_reduce8_madd(const __m256i m[8]) {
  * no branch depends on nb inside the kernels; the lanes of the missing blocks are then
  * discarded by the caller. The other paths pass NULL tables (folded away). */
 /* Byte 0 = 0x7f: as an MXFP4 scale that is 2^-1. E8M0 0 would be a subnormal float, and
- * arithmetic on subnormals takes a slow microcode assist on x86 (measured: the short-row
- * MXFP4 case ran ~1.5x slower). Every other format reads a zero or normal scale here. */
+ * arithmetic on subnormals can take a slow microcode assist on x86. Every other format reads
+ * a zero or normal scale here. */
 static _Alignas(32) const uint8_t q8_zero_block[64] = {0x7f};
 static const act_q8_32 q8_zero_act;
 

@@ -121,6 +121,14 @@ static void test_act_quant(void) {
             if (trial % 11 == 4 && i % 97 == 0) x[i] *= 1000;
         }
         if (trial == 1) memset(x, 0, sizeof x);
+        if (trial == 2) { /* scales whose inverse overflows, NaN and inf inputs */
+            for (int i = 0; i < 32 * 8; i++) x[i] = (float)(i % 7) * 1e-39f;
+            x[300] = NAN;
+            x[333] = -NAN;
+            x[600] = INFINITY;
+            x[1100] = -INFINITY;
+            for (int i = 1200; i < 1232; i++) x[i] = NAN;
+        }
         for (int isa = 0; isa < (strata_cpu_has_avx2() ? 2 : 1); isa++) {
             strata_act_quantize_q8_32(x, a32[isa], N, isa);
             strata_act_quantize_q8_256(x, a256[isa], N, isa);
@@ -130,12 +138,14 @@ static void test_act_quant(void) {
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
             for (int i = 0; i < 32; i++) {
+                CHECK(a32[0][b].qs[i] >= -127 && a32[0][b].qs[i] <= 127, "code range %d", a32[0][b].qs[i]);
+                if (!isfinite(amax) || !isfinite(x[b * 32 + i])) continue;
                 const float err = fabsf(x[b * 32 + i] - a32[0][b].d * (float)a32[0][b].qs[i]);
                 CHECK(err <= amax / 254.0f * 1.0001f + 1e-37f, "q8_32 error %g amax %g", (double)err, (double)amax);
-                CHECK(a32[0][b].qs[i] >= -127 && a32[0][b].qs[i] <= 127, "range");
-                sum += a32[0][b].qs[i];
             }
+            for (int i = 0; i < 32; i++) sum += a32[0][b].qs[i];
             CHECK(sum == a32[0][b].sum, "sum");
+            CHECK(isfinite(a32[0][b].d), "finite scale");
         }
         for (int b = 0; b < N / 256; b++)
             for (int j = 0; j < 16; j++) {

@@ -1,18 +1,20 @@
 /* act.c — activation quantization to the formats quantized weights multiply against.
  * The scalar code is the definition; the AVX2 code (kernels/cpu/avx2_act.c) performs the
- * same float operations in the same order, so both give identical blocks. */
+ * same float operations in the same order, so both give identical blocks. NaN inputs are
+ * ignored by the block maximum (fmaxf) and quantize to 0. */
 #include "quant.h"
 #include "../kernels/cpu/avx2.h"
 
-static int8_t act_round(float v) { return (int8_t)(int32_t)nearbyintf(v); }
+/* NaN (a NaN input, or inf * 0) becomes 0: converting it to an integer would be undefined. */
+static int8_t act_round(float v) { return v == v ? (int8_t)(int32_t)nearbyintf(v) : 0; }
 
 static void act_q8_32_scalar(const float *x, act_q8_32 *y, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = strata_act_scale(amax, &id);
         int32_t sum = 0;
         for (int i = 0; i < 32; i++) {
             y[b].qs[i] = act_round(xb[i] * id);
@@ -28,8 +30,8 @@ static void act_q8_256_scalar(const float *x, act_q8_256 *y, int64_t n) {
         const float *xb = x + b * QK_K;
         float amax = 0.0f;
         for (int i = 0; i < QK_K; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = strata_act_scale(amax, &id);
         for (int j = 0; j < 16; j++) {
             int32_t s = 0;
             for (int i = 16 * j; i < 16 * j + 16; i++) {

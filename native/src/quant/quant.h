@@ -13,9 +13,10 @@
  * fixes its summation order in writing, and both paths follow it: integer parts are exact;
  * every float operation is the same in both paths; eight float lane accumulators are
  * reduced with strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h).
- * Two orders are in use:
- *   - block b's float part goes to lane (b % 8) (32-value formats; float weights treat
- *     element i as block i: acc[i % 8] = fmaf(w_i, x_i, acc[i % 8]));
+ * The orders in use:
+ *   - block b's float part goes to lane (b % 8) (32- and 64-value formats);
+ *   - float weights: element i goes to lane (i % 32) of 32 lanes (four vectors), reduced
+ *     vector-wise then with strata_hsum8 (fmt_float.c states it exactly);
  *   - the eight int32 lane sums a block's integer dot leaves become the float lanes
  *     directly, one fmaf per lane (K-quants, IQ formats: see avx2_kquants.h), which saves
  *     a horizontal sum per block.
@@ -168,6 +169,17 @@ static inline float strata_bf16_to_fp32(uint16_t h) {
 static inline float strata_hsum8(const float a[8]) {
     const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
     return (s0 + s2) + (s1 + s3);
+}
+
+/* Scale and inverse scale of a block with largest magnitude amax. A block whose inverse
+ * overflows (amax below ~1e-37: 1/d is inf) or whose amax is not finite is stored as zeros:
+ * x * inf would give codes out of [-127, 127] and undefined conversions. */
+static inline float strata_act_scale(float amax, float *id) {
+    const float d = amax / 127.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!isfinite(inv) || !isfinite(d)) { *id = 0.0f; return 0.0f; }
+    *id = inv;
+    return d;
 }
 
 static inline uint16_t strata_rd_u16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }

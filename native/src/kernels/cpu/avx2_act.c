@@ -9,7 +9,8 @@ static inline int32_t quant_run(const float *x, int8_t *q, int n, float id) {
     for (int i = 0; i < n; i += 32) {
         __m256i v[4];
         for (int k = 0; k < 4; k++) {
-            const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vid);
+            __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), vid);
+            p = _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q)); /* NaN -> 0 */
             v[k] = _mm256_cvtps_epi32(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             acc = _mm256_add_epi32(acc, v[k]);
         }
@@ -26,15 +27,15 @@ static inline int32_t quant_run(const float *x, int8_t *q, int n, float id) {
 static inline float amax_run(const float *x, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    /* max_ps returns its second operand when either is NaN: NaN inputs are skipped, as fmaxf does */
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
     return strata_hmax8_avx2(m);
 }
 
 void strata_avx2_act_q8_32(const float *x, act_q8_32 *y, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
-        const float amax = amax_run(x + b * 32, 32);
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = strata_act_scale(amax_run(x + b * 32, 32), &id);
         y[b].sum = quant_run(x + b * 32, y[b].qs, 32, id);
         y[b].d = d;
     }
@@ -43,9 +44,8 @@ void strata_avx2_act_q8_32(const float *x, act_q8_32 *y, int64_t n) {
 void strata_avx2_act_q8_256(const float *x, act_q8_256 *y, int64_t n) {
     for (int64_t b = 0; b < n / QK_K; b++) {
         const float *xb = x + b * QK_K;
-        const float amax = amax_run(xb, QK_K);
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float id;
+        const float d = strata_act_scale(amax_run(xb, QK_K), &id);
         quant_run(xb, y[b].qs, QK_K, id);
         for (int j = 0; j < 16; j++) {
             const __m128i q = _mm_loadu_si128((const __m128i *)(y[b].qs + 16 * j));

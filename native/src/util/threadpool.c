@@ -2,26 +2,48 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+
+/* How long an idle worker polls for the next job before sleeping. After the first few
+ * microseconds it polls with sched_yield(), so that on a machine with more runnable threads
+ * than cores a polling worker gives its core away instead of holding up the thread it is
+ * waiting for. */
+#define STRATA_POOL_SPIN_US 200
+#define STRATA_POOL_PAUSE_US 10
 
 struct strata_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    pthread_mutex_t run_lock;   /* one job at a time */
-    /* the current job, written by the caller under mu before generation++ */
+    pthread_mutex_t run_lock;      /* one job at a time */
+    /* the current job: written by the caller before the generation bump */
     strata_task_fn fn;
     void *arg;
     int64_t n_tasks;
-    uint64_t generation;        /* under mu */
-    int stop;                   /* under mu */
-    _Atomic int64_t next;       /* next task index to claim */
-    _Atomic int pending;        /* threads still working on the job (caller included) */
+    _Atomic uint64_t generation;   /* bumped (release, under mu) to publish a job */
+    _Atomic int stop;
+    int sleepers;                  /* workers waiting on `wake`; under mu */
+    _Atomic int64_t next;          /* next task index to claim */
+    _Atomic int pending;           /* threads still working on the job (caller included) */
 };
 
 typedef struct { strata_pool *pool; int index; } worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static uint64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static void drain(strata_pool *p, int thread) {
     for (;;) {
@@ -32,6 +54,33 @@ static void drain(strata_pool *p, int thread) {
     atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
 }
 
+/* Waits for a generation other than `seen`: spins first, then sleeps. Returns it, or
+ * `seen` when the pool stops. */
+static uint64_t wait_job(strata_pool *p, uint64_t seen) {
+    uint64_t deadline = 0;
+    for (unsigned i = 0;; i++) {
+        const uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (g != seen) return g;
+        if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return seen;
+        if ((i & 15) == 0) {
+            const uint64_t t = now_us();
+            if (!deadline) deadline = t + STRATA_POOL_SPIN_US;
+            else if (t >= deadline) break;
+            else if (t + STRATA_POOL_SPIN_US - STRATA_POOL_PAUSE_US >= deadline) { sched_yield(); continue; }
+        }
+        cpu_relax();
+    }
+    pthread_mutex_lock(&p->mu);
+    p->sleepers++;
+    uint64_t g;
+    while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
+           !atomic_load_explicit(&p->stop, memory_order_relaxed))
+        pthread_cond_wait(&p->wake, &p->mu);
+    p->sleepers--;
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
 static void *worker_main(void *varg) {
     worker_arg *wa = varg;
     strata_pool *p = wa->pool;
@@ -39,11 +88,9 @@ static void *worker_main(void *varg) {
     free(wa);
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (!p->stop && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop) { pthread_mutex_unlock(&p->mu); return NULL; }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        const uint64_t g = wait_job(p, seen);
+        if (g == seen) return NULL; /* stopped */
+        seen = g;
         drain(p, index);
     }
 }
@@ -76,7 +123,7 @@ strata_pool *strata_pool_create(int n_threads) {
 void strata_pool_destroy(strata_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
@@ -96,21 +143,19 @@ void strata_pool_run(strata_pool *p, strata_task_fn fn, void *arg, int64_t n_tas
         return;
     }
     pthread_mutex_lock(&p->run_lock);
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->n_tasks = n_tasks;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store_explicit(&p->pending, p->n_threads, memory_order_relaxed);
-    p->generation++;
-    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    if (p->sleepers) pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-        /* the tail is short (at most one task per worker): spin politely */
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
+    for (unsigned i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if (i < 256) cpu_relax();
+        else sched_yield(); /* a worker was descheduled mid-task: let it run */
     }
     pthread_mutex_unlock(&p->run_lock);
 }

@@ -1,13 +1,19 @@
 /*
  * threadpool.h — the persistent worker pool every parallel kernel runs on.
  *
- * Protocol: the caller thread publishes a job (function, argument, task count) under the
- * mutex, bumps `generation` and broadcasts. Workers and the caller then claim task indices
- * from one atomic counter until it passes the count; each finisher decrements `pending`;
- * the caller returns once `pending` reaches zero, so every write a task made is visible to
- * the caller afterwards (acquire on pending). One job runs at a time per pool; jobs from
- * two threads on one pool are serialised by `run_lock`. Workers sleep on the condition
- * variable between jobs (no busy wait), and exit when `stop` is set.
+ * Protocol: the caller thread (holding run_lock, so one job at a time per pool) writes the
+ * job (function, argument, task count), resets the task counter and `pending`, then bumps
+ * `generation` with a release store, under `mu`, broadcasting if any worker sleeps.
+ * Workers see the new generation either while spinning (acquire load) or after waking on
+ * the condition variable; both orders make the job fields visible. Workers and the caller
+ * claim task indices from one atomic counter until it passes the count; each thread then
+ * decrements `pending`, and the caller returns once it reaches zero (acquire), so every
+ * write a task made is visible to the caller afterwards and no worker still reads the
+ * job when the next one is written.
+ * Idle workers spin for STRATA_POOL_SPIN_US microseconds (a decode step issues matmuls
+ * back to back: a futex wake-up per call would cost more than a small matmul), then sleep
+ * on the condition variable; a sleeping worker is counted in `sleepers` under `mu`, which
+ * is why the caller bumps the generation under `mu`: no wake-up is lost.
  */
 #ifndef STRATA_UTIL_THREADPOOL_H
 #define STRATA_UTIL_THREADPOOL_H

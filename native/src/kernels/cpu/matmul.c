@@ -82,11 +82,16 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
         m.xa = buf;
         strata_pool_run(n > 1 ? pool : NULL, act_task, &m, n);
     }
-    /* Enough tasks to balance the pool, each big enough to amortise the claim. */
+    /* Enough tasks to balance the pool (about 8 per thread, at most 64 rows each), but each
+     * worth at least MIN_TASK_BYTES of weight-bytes x columns, so that a small matrix is not
+     * split into tasks cheaper than handing them to another thread. */
+    enum { MIN_TASK_BYTES = 32 << 10 };
     const int nt = strata_pool_n_threads(pool);
+    const int64_t work_row = (int64_t)m.w_row * (n < COL_TILE ? n : COL_TILE);
+    const int64_t min_rows = (MIN_TASK_BYTES + work_row - 1) / work_row;
     int64_t rpt = rows / ((int64_t)nt * 8);
-    if (rpt < 1) rpt = 1;
     if (rpt > 64) rpt = 64;
+    if (rpt < min_rows) rpt = min_rows;
     m.rows_per_task = rpt;
     strata_pool_run(pool, mm_task, &m, (rows + rpt - 1) / rpt);
     free(buf);

@@ -106,7 +106,8 @@ def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, log=print) -> 
                 r = rows if not (label == "lm head" and batch > 4) else min(rows, LM_HEAD_BATCH_ROWS)
                 w = random_weights(type_name, r, cols, rng)
                 ncopies = max(1, min(64, COLD_BYTES // len(w))) if batch == 1 else 1
-                copies = [w] + [bytes(w) for _ in range(ncopies - 1)]
+                # distinct buffers (bytes(w) would return w itself): batch 1 must read cold memory
+                copies = [w] + [bytearray(w) for _ in range(ncopies - 1)]
                 x = rng.standard_normal((batch, cols), dtype=np.float32)
                 for ctx, nt in ((ctx_one, 1), (ctx_all, nthreads)):
                     s = time_matmul(type_name, copies, r, cols, x, ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,16 @@ def test_cuda_probe_never_fails():
 def test_build_info_mentions_paths():
     info = _native.build_info()
     assert info.startswith("strata ") and "avx2=" in info and "cuda=" in info
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: STRATA_CUDA defaults to off")
+def test_cuda_sources_compiled_when_nvcc_is_present():
+    # The default build (not the sanitizer build, which turns CUDA off) compiles the CUDA sources,
+    # and the library loaded and ran anyway, GPU or not.
+    info = _native.build_info()
+    if "sanitize=" in info:
+        pytest.skip("sanitizer build is configured with STRATA_CUDA=OFF")
+    assert "cuda=compiled" in info
 
 
 def test_isa_names():

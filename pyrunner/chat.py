@@ -221,13 +221,19 @@ def _prepare_messages(messages) -> list[dict]:
     return out
 
 
-def render_chat(template: str | None, messages: list[dict], *, add_generation_prompt: bool = True,
+def render_chat(template: str | None, messages: list[dict], *,
+                add_generation_prompt: bool | None = None, continue_final_message: bool | str = False,
                 tools: list[dict] | None = None, documents: list[dict] | None = None,
                 bos_token: str | None = None, eos_token: str | None = None, **kwargs) -> str:
     """The prompt text for `messages` under `template`, as transformers' apply_chat_template
     (tokenize=False) renders it.
 
     template: the model's `tokenizer.chat_template`; None or "" selects ChatML.
+    add_generation_prompt: open an assistant turn at the end (default: yes, unless
+        continuing the final message).
+    continue_final_message: end the text inside the last message, so that the model carries it
+        on (an assistant reply started by the caller); True continues its "content", a string
+        names another field (e.g. "reasoning_content").
     messages: dicts with "role" and "content" (a string or a list of parts), and optionally
         "tool_calls", "reasoning_content", ...; a key whose value is None counts as absent.
     tools: JSON schemas of the functions the model may call (OpenAI form
@@ -260,8 +266,70 @@ def render_chat(template: str | None, messages: list[dict], *, add_generation_pr
     variables.update(kwargs)
     variables = _plain(variables)
 
-    compiled = _compile(CHATML_TEMPLATE if chatml else template)
+    source = CHATML_TEMPLATE if chatml else template
+    compiled = _compile(source)
     prepared = _prepare_messages(messages)
+    if add_generation_prompt is None:
+        add_generation_prompt = not continue_final_message
+    if continue_final_message:
+        if add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message and add_generation_prompt exclude each other: the first "
+                "ends inside the last message, the second opens a new assistant turn; pick one")
+        field = continue_final_message if isinstance(continue_final_message, str) else "content"
+        final = _mark_final(source, prepared, field)
+    text = _render(compiled, source, prepared, tools, documents, add_generation_prompt, variables)
+    if continue_final_message:
+        text = _cut_after_final(text, final)
+    return text
+
+
+# Appended to the text being continued; the rendering is cut where it lands. The trailing space
+# tells whether the template kept the text as is or trimmed its end.
+_CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _mark_final(source: str, prepared: list[dict], field: str) -> str:
+    """Append _CONTINUE_MARK to the last message's `field` (every reasoning alias of it, or the
+    last text part of a list); returns the text being continued."""
+    last = prepared[-1]
+    final = last.get(field)
+    if final is None:
+        raise ChatTemplateError(
+            f"continue_final_message: the last message has no {field!r} to continue")
+    fields = [field]
+    if field in _REASONING_KEYS:  # copied under several names: mark whichever the template reads
+        fields = [k for k in _REASONING_KEYS if last.get(k) == final]
+    if not any(f in source for f in fields):
+        raise ChatTemplateError(
+            f"continue_final_message: this chat template never reads {field!r}, so that text "
+            f"cannot be continued")
+    if isinstance(final, (list, tuple)):
+        for part in reversed(final):
+            if isinstance(part, dict) and "text" in part:
+                text = part["text"]
+                part["text"] = text + _CONTINUE_MARK
+                return text
+        raise ChatTemplateError(
+            "continue_final_message: the last message has no text part to continue")
+    for f in fields:
+        last[f] = last[f] + _CONTINUE_MARK
+    return final
+
+
+def _cut_after_final(text: str, final: str) -> str:
+    mark = _CONTINUE_MARK.strip()
+    if final.strip() not in text or mark not in text:
+        raise ChatTemplateError(
+            "continue_final_message: the chat template dropped or changed the last message, so "
+            "its text cannot be continued; render without continue_final_message")
+    at = text.rindex(mark)
+    if text.startswith(_CONTINUE_MARK, at):
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the end of the message: so do we
+
+
+def _render(compiled, source, prepared, tools, documents, add_generation_prompt, variables) -> str:
     try:
         return compiled.render(messages=prepared, tools=_plain(tools), documents=_plain(documents),
                                add_generation_prompt=bool(add_generation_prompt), **variables)
@@ -271,8 +339,7 @@ def render_chat(template: str | None, messages: list[dict], *, add_generation_pr
         raise
     except Exception as e:  # jinja's UndefinedError, SecurityError, and TypeError etc. from filters
         lineno = _template_lineno(e)
-        where = f" at template line {lineno} ({_line(CHATML_TEMPLATE if chatml else template, lineno)!r})" \
-            if lineno else ""
+        where = f" at template line {lineno} ({_line(source, lineno)!r})" if lineno else ""
         hint = ("the template tried something the sandbox forbids; use another template"
                 if isinstance(e, jinja2.exceptions.SecurityError)
                 else "check that the messages have the fields this template expects")

@@ -359,3 +359,44 @@ def test_template_from_metadata():
     assert tok.get_chat_template() == chat_template_from_metadata(meta)
     assert tok.get_chat_template("default", tools=TOOLS) == \
         chat_template_from_metadata(meta, name="default", tools=TOOLS)
+
+
+# --------------------------------------------------------------------------- continuing a reply
+
+@pytest.mark.parametrize("name", ["Qwen3.5-4B", "Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder"])
+@pytest.mark.parametrize("partial", [
+    "The answer is", "The answer is ", "答えは：", [{"type": "text", "text": "Part "},
+                                                  {"type": "text", "text": "one, and"}]])
+def test_continue_final_message_matches_transformers(qwen_templates, name, partial):
+    template = qwen_templates[name]
+    messages = [{"role": "user", "content": "What is 6×7?"},
+                {"role": "assistant", "content": partial}]
+    tok = _oracle(template, eos_token="<|im_end|>")
+    want, err = _hf_render(tok, messages, continue_final_message=True)
+    if err is not None:  # list content with a template that only takes strings
+        assert isinstance(partial, list) and name != "Qwen3.5-4B", err
+        with pytest.raises(ChatTemplateError):
+            render_chat(template, messages, continue_final_message=True, eos_token="<|im_end|>")
+        return
+    got = render_chat(template, messages, continue_final_message=True, eos_token="<|im_end|>")
+    assert got == want
+    assert not got.endswith("<|im_end|>\n") and "CONTINUE_FINAL_MESSAGE_TAG" not in got
+
+
+def test_continue_final_message_errors(qwen_templates):
+    t = qwen_templates["Qwen3.5-4B"]
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+    assert render_chat(t, msgs, continue_final_message=True).endswith("<think>\n\n</think>\n\nHel")
+    with pytest.raises(ChatTemplateError, match="exclude each other"):
+        render_chat(t, msgs, continue_final_message=True, add_generation_prompt=True)
+    with pytest.raises(ChatTemplateError, match="no 'reasoning_content' to continue"):
+        render_chat(t, msgs, continue_final_message="reasoning_content")
+    with pytest.raises(ChatTemplateError, match="never reads 'summary'"):
+        render_chat(t, msgs + [{"role": "user", "content": "x", "summary": "s"}],
+                    continue_final_message="summary")
+    # reasoning continued through its alias: the template reads reasoning_content
+    thinking = [*msgs[:1], {"role": "assistant", "content": "", "reasoning": "Let me"}]
+    cont = render_chat(t, thinking, continue_final_message="reasoning")
+    assert cont.endswith("<|im_start|>assistant\n<think>\nLet me")
+    assert cont == _oracle(t).apply_chat_template(thinking, tokenize=False,
+                                                  continue_final_message="reasoning")

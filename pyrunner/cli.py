@@ -65,6 +65,28 @@ def inspect(file, as_json):
         click.echo(f"  {name:8s} {nbytes / 2**20:12.2f} MiB {100 * share:6.2f} %")
 
 
+@main.command()
+@click.argument("hf_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="The GGUF file to write.")
+@click.option("--outtype", type=click.Choice(["f32", "f16", "bf16", "q8_0"]), default="f32", show_default=True,
+              help="Type of the matmul weights (norms, routers, 1-D tensors stay F32).")
+@click.option("--tokenizer-pre", default=None,
+              help="llama.cpp pre-tokenizer name, when it cannot be recognised from tokenizer.json.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not list the tensors as they are written.")
+def convert(hf_dir, out, outtype, tokenizer_pre, quiet):
+    """Convert a transformers qwen4_exp checkpoint (safetensors) to a qwen4exp GGUF."""
+    from .convert import ConvertError
+    from .convert import convert as run
+
+    try:
+        res = run(hf_dir, out, outtype, tokenizer_pre, log=None if quiet else click.echo)
+    except (ConvertError, OSError) as e:
+        raise _fail(e) from None
+    shares = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sorted(res["types"].items(), key=lambda r: -r[1]))
+    click.echo(f"wrote {out}: {res['tensors']} tensors, {res['bytes'] / 2**20:.2f} MiB ({shares})")
+
+
 @main.group()
 def bench():
     """Benchmarks (they measure; nothing here asserts a speed)."""

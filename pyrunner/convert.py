@@ -1,0 +1,740 @@
+"""convert.py — a transformers qwen4exp checkpoint (safetensors) -> GGUF with llama.cpp's `qwen4exp` names,
+shapes and layouts (spec/qwen4exp-gguf.md), streaming tensor by tensor.
+
+Input: a directory written by `save_pretrained` of Qwen4ExpForCausalLM, or the text part of
+Qwen4ExpForConditionalGeneration (`model.language_model.*`; `model.visual.*` and `mtp.*` are dropped),
+with experts per expert (`experts.{e}.{gate,up,down}_proj.weight`) or fused (`experts.gate_up_proj`,
+`experts.down_proj`), the PLE table in `split_ngram_parts` row shards and its three int64 buffers.
+
+safetensors is read here directly: 8-byte little-endian header length, a JSON header of
+{name: {dtype, shape, data_offsets}}, then raw little-endian data. Every tensor is a view of a read-only
+memory map; the large outputs (stacked experts, the PLE table) are written one expert / one shard at a
+time, so peak RAM stays around the largest single source tensor.
+
+Transformations (spec §3), all in float32:
+  * (1+w) gammas folded: every hyper-connection hc_norm, attention q/k norm, indexer q/k layernorm and
+    the three PLE norms get +1 (linear_attn.norm is a plain gamma and does not);
+  * GDN: A_log -> ssm_a = -exp(A_log); conv [C,1,K] -> [C,K]; when V heads != K heads, the V heads are
+    permuted from HF's grouped order (by K head) to ggml's tiled order in the V rows of in_proj_qkv,
+    in_proj_z, in_proj_a/b, A_log, dt_bias, the V channels of the conv and the columns of out_proj;
+  * QSA: index_qk_proj split into indexer.q_proj (first Hi*Di rows) and indexer.k_proj (last Di rows);
+  * experts stacked to 3-D (fused gate_up split into gate = first half, up = second half);
+  * PLE shards concatenated in index order; the int64 buffers become UINT64 metadata arrays (exact).
+Two llama.cpp converter bugs are NOT repeated: compress_ratios are written for every QSA layer whatever
+transformers calls it ("full_attention" or "indexed_attention"), and the PLE EOS is eos_token_id[0], the
+one transformers' n-gram module resets on.
+
+Output types follow llama.cpp's converter: 1-D tensors, *_norm.weight, the routers (ffn_gate_inp,
+ffn_gate_inp_shexp), ssm_conv1d and non-".weight" tensors stay F32; everything else takes --outtype, and a
+q8_0 tensor whose rows are not a multiple of 32 falls back to F16 (as llama.cpp's does).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+ARCH = "qwen4exp"
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+# general.file_type values (llama.cpp's LlamaFileType)
+_FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+"
+                 r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_KNOWN_PRE = {_QWEN2_SPLIT: "qwen2", _QWEN35_SPLIT: "qwen35"}
+
+# gguf token types
+_TT_NORMAL, _TT_CONTROL, _TT_USER_DEFINED, _TT_UNUSED = 1, 3, 4, 5
+
+
+class ConvertError(Exception):
+    """A problem with the input checkpoint or the arguments; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------- safetensors
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}
+
+
+@dataclass
+class _Entry:
+    path: str
+    dtype: str
+    shape: tuple
+    offset: int     # absolute byte offset of the data in the file
+
+
+class Checkpoint:
+    """The tensors of every *.safetensors file of a directory, by name; data read lazily via memmap."""
+
+    def __init__(self, hf_dir: str):
+        files = sorted(f for f in os.listdir(hf_dir) if f.endswith(".safetensors"))
+        if not files:
+            raise ConvertError(f"{hf_dir}: no *.safetensors files (convert needs a save_pretrained "
+                               f"checkpoint in safetensors format)")
+        self.entries: dict[str, _Entry] = {}
+        self._maps: dict[str, np.memmap] = {}
+        for f in files:
+            path = os.path.join(hf_dir, f)
+            with open(path, "rb") as fh:
+                raw = fh.read(8)
+                if len(raw) != 8:
+                    raise ConvertError(f"{path}: truncated safetensors file (no header length)")
+                (n,) = struct.unpack("<Q", raw)
+                if n > 1 << 30 or n > os.path.getsize(path) - 8:
+                    raise ConvertError(f"{path}: not a safetensors file (header length {n})")
+                try:
+                    header = json.loads(fh.read(n))
+                except ValueError as e:
+                    raise ConvertError(f"{path}: corrupt safetensors header ({e})") from None
+            base = 8 + n
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] not in _ST_DTYPES:
+                    raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}, which this converter "
+                                       f"does not read (F32/F16/BF16/integers only)")
+                start, end = info["data_offsets"]
+                e = _Entry(path, info["dtype"], tuple(info["shape"]), base + start)
+                nbytes = int(np.prod(e.shape, dtype=np.int64)) * np.dtype(_ST_DTYPES[e.dtype]).itemsize
+                if end - start != nbytes or base + end > os.path.getsize(path):
+                    raise ConvertError(f"{path}: tensor {name} has inconsistent offsets")
+                self.entries[name] = e
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def shape(self, name: str) -> tuple:
+        return self.entries[name].shape
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array (memmap view), in its stored dtype (BF16 as uint16)."""
+        e = self.entries[name]
+        m = self._maps.get(e.path)
+        if m is None:
+            m = self._maps[e.path] = np.memmap(e.path, dtype=np.uint8, mode="r")
+        dt = np.dtype(_ST_DTYPES[e.dtype]).newbyteorder("<")
+        count = int(np.prod(e.shape, dtype=np.int64))
+        return np.frombuffer(m, dtype=dt, count=count, offset=e.offset).reshape(e.shape)
+
+    def f32(self, name: str, index=None) -> np.ndarray:
+        """The tensor (or raw(name)[index], converting only that part) as float32."""
+        a = self.raw(name)
+        if index is not None:
+            a = a[index]
+        if self.entries[name].dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return np.asarray(a, dtype=np.float32)
+
+    def ints(self, name: str) -> list[int]:
+        a = self.raw(name)
+        if a.dtype.kind not in "iu":
+            raise ConvertError(f"PLE buffer {name} is stored as {self.entries[name].dtype}; expected an integer "
+                               f"type (int64), or its values would already be rounded")
+        return [int(x) for x in a.reshape(-1)]
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+def load_config(hf_dir: str) -> dict:
+    """config.json with text_config merged to the root and transformers' defaults filled in."""
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise ConvertError(f"{hf_dir}: no config.json (convert needs a save_pretrained directory)") from None
+    except ValueError as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    cfg = dict(raw)
+    if isinstance(raw.get("text_config"), dict):
+        cfg.update(raw["text_config"])
+    archs = raw.get("architectures") or []
+    mt = cfg.get("model_type", "")
+    if not (mt.startswith("qwen4_exp") or any(a.startswith("Qwen4Exp") for a in archs)):
+        raise ConvertError(f"{path}: model_type {mt!r} / architectures {archs} is not a qwen4_exp model")
+    defaults = dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                    num_key_value_heads=2, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
+                    head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                    linear_num_key_heads=16, linear_num_value_heads=32, moe_intermediate_size=512,
+                    shared_expert_intermediate_size=512, num_experts_per_tok=10, num_experts=512,
+                    hc_count=4, hc_lowrank=320, ple_layer_ids=[], ple_embed_dim=None, ple_conv_kernel_size=4,
+                    ngram_size=3, heads_per_ngram=8, split_ngram_parts=512, output_gate_type=None,
+                    tie_word_embeddings=False, attention_bias=False)
+    for k, v in defaults.items():
+        if cfg.get(k) is None:
+            cfg[k] = v
+    cfg["ple_layer_ids"] = sorted(set(cfg["ple_layer_ids"] or []))
+    if cfg["ple_embed_dim"] is None:
+        cfg["ple_embed_dim"] = cfg["hidden_size"]
+    n = cfg["num_hidden_layers"]
+    if not cfg.get("layer_types"):
+        interval = cfg.get("full_attention_interval", 4)
+        cfg["layer_types"] = ["linear_attention" if (i + 1) % interval else "indexed_attention" for i in range(n)]
+    bad = sorted(set(cfg["layer_types"]) - {"linear_attention", "full_attention", "indexed_attention"})
+    if bad or len(cfg["layer_types"]) != n:
+        raise ConvertError(f"{path}: layer_types must list {n} entries of linear_attention / full_attention / "
+                           f"indexed_attention, got {cfg['layer_types']}")
+    # Every attention layer of qwen4exp is QSA, whichever name the config gives it (transformers rewrites
+    # "full_attention" to "indexed_attention"; llama.cpp's converter only matched the former).
+    cfg["is_qsa"] = [t != "linear_attention" for t in cfg["layer_types"]]
+    rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rp.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    rp.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    rp.setdefault("rope_type", rp.get("type", "default"))
+    cfg["rope_parameters"] = rp
+    gate = cfg["output_gate_type"] or cfg["hidden_act"]
+    if gate not in ("sigmoid", "silu"):
+        raise ConvertError(f"{path}: output_gate_type {gate!r} is not sigmoid or silu")
+    cfg["gdn_output_gate"] = gate
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- tensor plan
+
+@dataclass
+class OutTensor:
+    name: str
+    shape: tuple                     # numpy order (ggml ne reversed)
+    chunks: Callable[[], Iterator[np.ndarray]]   # float32 pieces along axis 0, in order
+    force_f32: bool = False
+    qtype: str = "F32"               # decided by choose_type
+    nbytes: int = 0
+    notes: list = field(default_factory=list)
+
+
+def _tiled_perm(n_k: int, n_v: int, width: int) -> np.ndarray:
+    """Row permutation grouped -> tiled for n_v V heads of `width` rows over n_k K heads: new position
+    (j, k) = (replica j of K head k) takes HF's head k*(n_v/n_k) + j."""
+    r = n_v // n_k
+    return np.arange(n_v * width).reshape(n_k, r, width).transpose(1, 0, 2).reshape(-1)
+
+
+class _Plan:
+    def __init__(self, ck: Checkpoint, cfg: dict):
+        self.ck, self.cfg = ck, cfg
+        self.names = self._canonical_names()
+        self.used: set[str] = set()
+        self.tensors: list[OutTensor] = []
+        self.ple: dict | None = None
+
+    def _canonical_names(self) -> dict[str, str]:
+        """HF-runtime name -> stored name, with language_model prefixes stripped; vision and MTP dropped."""
+        out = {}
+        for stored in self.ck.entries:
+            n = stored
+            if n.startswith("mtp.") or ".visual." in n or n.startswith("visual.") or n.startswith("model.visual"):
+                continue
+            n = n.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
+            n = n.replace("language_model.lm_head.", "lm_head.")
+            out[n] = stored
+        return out
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def get(self, name: str, index=None) -> np.ndarray:
+        if name not in self.names:
+            raise ConvertError(f"checkpoint is missing tensor {name}")
+        self.used.add(name)
+        return self.ck.f32(self.names[name], index)
+
+    def shape(self, name: str) -> tuple:
+        if name not in self.names:
+            raise ConvertError(f"checkpoint is missing tensor {name}")
+        return self.ck.shape(self.names[name])
+
+    def add(self, name: str, shape: tuple, fn: Callable[[], np.ndarray], force_f32: bool = False) -> None:
+        self.tensors.append(OutTensor(name, tuple(shape), lambda: iter([fn()]), force_f32))
+
+    def add_chunked(self, name: str, shape: tuple, gen: Callable[[], Iterator[np.ndarray]], force_f32=False):
+        self.tensors.append(OutTensor(name, tuple(shape), gen, force_f32))
+
+    def copy(self, gguf_name: str, hf_name: str, plus_one: bool = False, squeeze: bool = False,
+             force_f32: bool = False) -> None:
+        shape = self.shape(hf_name)
+        self.used.add(hf_name)
+        if squeeze:
+            shape = tuple(d for d in shape if d != 1) if len(shape) == 3 else shape
+
+        def fn(h=hf_name, p=plus_one, s=squeeze, shp=shape):
+            a = self.get(h)
+            a = a.reshape(shp) if s else a
+            return a + np.float32(1.0) if p else a
+        self.add(gguf_name, shape, fn, force_f32)
+
+    # -- build ---------------------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        c = self.cfg
+        self.copy("token_embd.weight", "model.embed_tokens.weight")
+        if self.shape("model.embed_tokens.weight") != (c["vocab_size"], c["hidden_size"]):
+            raise ConvertError(f"model.embed_tokens.weight has shape {self.shape('model.embed_tokens.weight')}, "
+                               f"config says vocab {c['vocab_size']} x hidden {c['hidden_size']}")
+        self._hc("output_hc", "model.hyper_connection_mixer", inject=False)
+        for i in range(c["num_hidden_layers"]):
+            self._layer(i)
+        if self.has("lm_head.weight"):
+            self.copy("output.weight", "lm_head.weight")
+        elif not c.get("tie_word_embeddings"):
+            raise ConvertError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+        leftovers = sorted(n for n in self.names if n not in self.used)
+        if leftovers:
+            more = f" ... ({len(leftovers)} in all)" if len(leftovers) > 8 else ""
+            raise ConvertError(f"checkpoint tensors this converter does not know: {leftovers[:8]}{more}")
+
+    def _hc(self, g: str, p: str, inject: bool = True) -> None:
+        self.copy(f"{g}_norm.weight", f"{p}.hc_norm.weight", plus_one=True)
+        self.copy(f"{g}_down.weight", f"{p}.input_mix_weight_down.weight")
+        self.copy(f"{g}_up.weight", f"{p}.input_mix_weight_up.weight")
+        if inject:
+            self.copy(f"{g}_inject.weight", f"{p}.block_inject_weight.weight")
+
+    def _layer(self, i: int) -> None:
+        c, p, b = self.cfg, f"model.layers.{i}", f"blk.{i}"
+        if i + 1 in c["ple_layer_ids"]:
+            self._ple(i)
+        self._hc(f"{b}.hc_attn", f"{p}.attn_hyper_connection")
+        self._hc(f"{b}.hc_ffn", f"{p}.mlp_hyper_connection")
+        if c["is_qsa"][i]:
+            self._qsa(p, b)
+        else:
+            self._gdn(p, b)
+        self._moe(p, b)
+
+    def _qsa(self, p: str, b: str) -> None:
+        c = self.cfg
+        a = f"{p}.self_attn"
+        if c.get("attention_bias"):
+            raise ConvertError("attention_bias=True: llama.cpp's qwen4exp has no attention biases")
+        self.copy(f"{b}.attn_q.weight", f"{a}.q_proj.weight")
+        self.copy(f"{b}.attn_k.weight", f"{a}.k_proj.weight")
+        self.copy(f"{b}.attn_v.weight", f"{a}.v_proj.weight")
+        self.copy(f"{b}.attn_output.weight", f"{a}.o_proj.weight")
+        self.copy(f"{b}.attn_q_norm.weight", f"{a}.q_norm.weight", plus_one=True)
+        self.copy(f"{b}.attn_k_norm.weight", f"{a}.k_norm.weight", plus_one=True)
+        qk = f"{a}.indexer.index_qk_proj.weight"
+        n_q = c["indexer_n_heads"] * c["indexer_head_dim"]
+        shp = self.shape(qk)
+        if shp[0] != n_q + c["indexer_head_dim"]:
+            raise ConvertError(f"{qk} has {shp[0]} rows, expected (indexer_n_heads+1)*indexer_head_dim = "
+                               f"{n_q + c['indexer_head_dim']}")
+        self.used.add(qk)
+        self.add(f"{b}.indexer.q_proj.weight", (n_q, shp[1]), lambda: self.get(qk)[:n_q])
+        self.add(f"{b}.indexer.k_proj.weight", (shp[0] - n_q, shp[1]), lambda: self.get(qk)[n_q:])
+        self.copy(f"{b}.indexer.q_norm.weight", f"{a}.indexer.q_layernorm.weight", plus_one=True)
+        self.copy(f"{b}.indexer.k_norm.weight", f"{a}.indexer.k_layernorm.weight", plus_one=True)
+
+    def _gdn(self, p: str, b: str) -> None:
+        c = self.cfg
+        a = f"{p}.linear_attn"
+        nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+        dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+        if nv % nk:
+            raise ConvertError(f"linear_num_value_heads {nv} is not a multiple of linear_num_key_heads {nk}")
+        kd = 2 * nk * dk
+        e = c["hidden_size"]
+        expect = {"in_proj_qkv.weight": (kd + nv * dv, e), "in_proj_z.weight": (nv * dv, e),
+                  "in_proj_a.weight": (nv, e), "in_proj_b.weight": (nv, e), "dt_bias": (nv,), "A_log": (nv,),
+                  "conv1d.weight": (kd + nv * dv, 1, c["linear_conv_kernel_dim"]), "norm.weight": (dv,),
+                  "out_proj.weight": (e, nv * dv)}
+        for k, shp in expect.items():
+            if self.shape(f"{a}.{k}") != shp:
+                raise ConvertError(f"{a}.{k} has shape {self.shape(f'{a}.{k}')}, expected {shp} from config.json")
+            self.used.add(f"{a}.{k}")
+        pv = _tiled_perm(nk, nv, dv)       # V rows / channels
+        ph = _tiled_perm(nk, nv, 1)        # per-V-head scalars and rows
+
+        def qkv():
+            w = self.get(f"{a}.in_proj_qkv.weight")
+            return np.concatenate([w[:kd], w[kd:][pv]])
+        self.add(f"{b}.attn_qkv.weight", self.shape(f"{a}.in_proj_qkv.weight"), qkv)
+        self.add(f"{b}.attn_gate.weight", self.shape(f"{a}.in_proj_z.weight"),
+                 lambda: self.get(f"{a}.in_proj_z.weight")[pv])
+        conv_shape = self.shape(f"{a}.conv1d.weight")
+
+        def conv():
+            w = self.get(f"{a}.conv1d.weight").reshape(conv_shape[0], conv_shape[-1])
+            return np.concatenate([w[:kd], w[kd:][pv]])
+        self.add(f"{b}.ssm_conv1d.weight", (conv_shape[0], conv_shape[-1]), conv, force_f32=True)
+        self.add(f"{b}.ssm_dt.bias", (nv,), lambda: self.get(f"{a}.dt_bias")[ph])
+        self.add(f"{b}.ssm_a", (nv,), lambda: -np.exp(self.get(f"{a}.A_log").astype(np.float32))[ph])
+        self.add(f"{b}.ssm_beta.weight", self.shape(f"{a}.in_proj_b.weight"),
+                 lambda: self.get(f"{a}.in_proj_b.weight")[ph])
+        self.add(f"{b}.ssm_alpha.weight", self.shape(f"{a}.in_proj_a.weight"),
+                 lambda: self.get(f"{a}.in_proj_a.weight")[ph])
+        self.copy(f"{b}.ssm_norm.weight", f"{a}.norm.weight")      # plain gamma: no +1
+        self.add(f"{b}.ssm_out.weight", self.shape(f"{a}.out_proj.weight"),
+                 lambda: self.get(f"{a}.out_proj.weight")[:, pv])
+
+    def _moe(self, p: str, b: str) -> None:
+        c = self.cfg
+        m = f"{p}.mlp"
+        ne, fe, e = c["num_experts"], c["moe_intermediate_size"], c["hidden_size"]
+        self.copy(f"{b}.ffn_gate_inp.weight", f"{m}.gate.weight", force_f32=True)
+        if self.has(f"{m}.experts.gate_up_proj"):
+            gu, dn = f"{m}.experts.gate_up_proj", f"{m}.experts.down_proj"
+            if self.shape(gu) != (ne, 2 * fe, e) or self.shape(dn) != (ne, e, fe):
+                raise ConvertError(f"{gu} / {dn} have shapes {self.shape(gu)} / {self.shape(dn)}, expected "
+                                   f"{(ne, 2 * fe, e)} / {(ne, e, fe)}")
+            self.used.update([gu, dn])
+            self.add_chunked(f"{b}.ffn_gate_exps.weight", (ne, fe, e),
+                             lambda: (self.get(gu, (x, slice(0, fe))) for x in range(ne)))
+            self.add_chunked(f"{b}.ffn_up_exps.weight", (ne, fe, e),
+                             lambda: (self.get(gu, (x, slice(fe, None))) for x in range(ne)))
+            self.add_chunked(f"{b}.ffn_down_exps.weight", (ne, e, fe), lambda: (self.get(dn, x) for x in range(ne)))
+        else:
+            for proj, g, shp in (("gate_proj", "ffn_gate_exps", (fe, e)), ("up_proj", "ffn_up_exps", (fe, e)),
+                                 ("down_proj", "ffn_down_exps", (e, fe))):
+                names = [f"{m}.experts.{x}.{proj}.weight" for x in range(ne)]
+                for n in names:
+                    if self.shape(n) != shp:
+                        raise ConvertError(f"{n} has shape {self.shape(n)}, expected {shp}")
+                self.used.update(names)
+                self.add_chunked(f"{b}.{g}.weight", (ne,) + shp,
+                                 lambda names=names: (self.get(n)[None] for n in names))
+        self.copy(f"{b}.ffn_gate_inp_shexp.weight", f"{m}.shared_expert_gate.weight", force_f32=True)
+        self.copy(f"{b}.ffn_gate_shexp.weight", f"{m}.shared_expert.gate_proj.weight")
+        self.copy(f"{b}.ffn_up_shexp.weight", f"{m}.shared_expert.up_proj.weight")
+        self.copy(f"{b}.ffn_down_shexp.weight", f"{m}.shared_expert.down_proj.weight")
+
+    def _ple(self, i: int) -> None:
+        c = self.cfg
+        p, b = f"model.layers.{i}.ple", f"blk.{i}"
+        e = c["hidden_size"]
+        if c["is_qsa"][i]:
+            raise ConvertError(f"ple_layer_ids puts PLE on layer {i + 1} (1-based), an attention layer; "
+                               f"qwen4exp allows PLE only on linear_attention layers")
+        if c["ple_embed_dim"] != e:
+            raise ConvertError(f"ple_embed_dim {c['ple_embed_dim']} != hidden_size {e}: llama.cpp's qwen4exp "
+                               f"format needs them equal")
+        self.copy(f"{b}.ple_key.weight", f"{p}.key_proj.weight")
+        self.copy(f"{b}.ple_value.weight", f"{p}.value_proj.weight")
+        self.copy(f"{b}.ple_norm_key.weight", f"{p}.norm_key.weight", plus_one=True)
+        self.copy(f"{b}.ple_norm_query.weight", f"{p}.norm_query.weight", plus_one=True)
+        self.copy(f"{b}.ple_norm_conv.weight", f"{p}.norm_conv.weight", plus_one=True)
+        self.copy(f"{b}.ple_conv1d.weight", f"{p}.conv1d.weight", squeeze=True)
+        emb = f"{p}.ple_embedding"
+        pat = re.compile(re.escape(emb) + r"\.ngram_embedding\.shard_(\d+)\.weight$")
+        shards = sorted((int(m.group(1)), n) for n in self.names if (m := pat.match(n)))
+        if self.has(f"{emb}.ngram_embedding.weight"):
+            shards = [(0, f"{emb}.ngram_embedding.weight")]
+        elif len(shards) != c["split_ngram_parts"] or [k for k, _ in shards] != list(range(len(shards))):
+            raise ConvertError(f"layer {i}: found PLE shards {[k for k, _ in shards][:8]}... ({len(shards)} of "
+                               f"them); expected shard_0..shard_{c['split_ngram_parts'] - 1} (split_ngram_parts)")
+        names = [n for _, n in shards]
+        widths = {self.shape(n)[1] for n in names}
+        if len(widths) != 1:
+            raise ConvertError(f"layer {i}: PLE shards have different row widths {sorted(widths)}")
+        row_dim = widths.pop()
+        rows = sum(self.shape(n)[0] for n in names)
+        self.used.update(names)
+        self.add_chunked("per_layer_token_embd.weight", (rows, row_dim), lambda: (self.get(n) for n in names))
+        consts = {}
+        for key in ("layer_multipliers", "ngram_heads_offsets", "ngram_heads_vocab_sizes"):
+            n = f"{emb}.{key}"
+            if not self.has(n):
+                raise ConvertError(f"checkpoint is missing the PLE buffer {n}")
+            self.used.add(n)
+            consts[key] = self.ck.ints(self.names[n])
+        heads = (c["ngram_size"] - 1) * c["heads_per_ngram"]
+        if row_dim * heads != e:
+            raise ConvertError(f"PLE row width {row_dim} x {heads} heads != hidden_size {e}")
+        if len(consts["layer_multipliers"]) < c["ngram_size"] or len(consts["ngram_heads_offsets"]) < heads:
+            raise ConvertError(f"PLE buffers too short for ngram_size {c['ngram_size']} and {heads} heads")
+        last = max(o + s for o, s in zip(consts["ngram_heads_offsets"], consts["ngram_heads_vocab_sizes"]))
+        if last > rows:
+            raise ConvertError(f"PLE table has {rows} rows but the hash heads reach row {last}")
+        self.ple = dict(layer=i, row_dim=row_dim, **consts)
+
+
+# ---------------------------------------------------------------------------------------------- types
+
+def choose_type(t: OutTensor, outtype: str) -> str:
+    n_dims = len(t.shape)
+    if n_dims <= 1 or t.name.endswith("_norm.weight") or t.force_f32 or not t.name.endswith(".weight"):
+        return "F32"
+    want = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}[outtype]
+    if want == "Q8_0" and t.shape[-1] % 32:
+        return "F16"          # llama.cpp's converter falls back the same way
+    return want
+
+
+def _encode(a: np.ndarray, qtype: str) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if qtype == "F32":
+        return a
+    if qtype == "F16":
+        return a.astype(np.float16)
+    if qtype == "BF16":
+        # round to nearest even, NaN kept quiet (as gguf.quants does)
+        u = a.view(np.uint32).astype(np.uint64)
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+        return np.where(nan, ((u >> 16) | 64).astype(np.uint16), r)
+    if qtype == "Q8_0":
+        from . import quant
+        rows = a.reshape(-1, a.shape[-1])
+        return np.frombuffer(quant.quantize("Q8_0", rows), dtype=np.uint8)
+    raise ValueError(qtype)
+
+
+def _nbytes(shape: tuple, qtype: str) -> int:
+    n = int(np.prod(shape, dtype=np.int64))
+    if qtype == "F32":
+        return 4 * n
+    if qtype in ("F16", "BF16"):
+        return 2 * n
+    if qtype == "Q8_0":
+        return n // 32 * 34
+    raise ValueError(qtype)
+
+
+class _Chunked:
+    """Duck-types the part of np.ndarray that GGUFWriter.write_tensor_data uses (nbytes, tofile), writing
+    the tensor one encoded piece at a time."""
+
+    def __init__(self, t: OutTensor):
+        self.t, self.nbytes = t, t.nbytes
+
+    def tofile(self, fout) -> None:
+        written = 0
+        for piece in self.t.chunks():
+            enc = _encode(piece, self.t.qtype)
+            enc.tofile(fout)
+            written += enc.nbytes
+        if written != self.nbytes:
+            raise ConvertError(f"{self.t.name}: wrote {written} bytes, planned {self.nbytes}")
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+def read_tokenizer(hf_dir: str, n_vocab: int, pre: str | None) -> dict:
+    """tokenizer.ggml.* values from tokenizer.json / tokenizer_config.json (gpt2-style byte-level BPE)."""
+    tj = os.path.join(hf_dir, "tokenizer.json")
+    try:
+        with open(tj, encoding="utf-8") as f:
+            tok = json.load(f)
+    except FileNotFoundError:
+        raise ConvertError(f"{hf_dir}: no tokenizer.json; the GGUF needs the tokenizer (copy the model's "
+                           f"tokenizer files into the directory)") from None
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ConvertError(f"{tj}: tokenizer model {model.get('type')!r} is not BPE")
+    tcfg = {}
+    tc_path = os.path.join(hf_dir, "tokenizer_config.json")
+    if os.path.exists(tc_path):
+        with open(tc_path, encoding="utf-8") as f:
+            tcfg = json.load(f)
+    vocab: dict[int, str] = {i: s for s, i in model["vocab"].items()}
+    types = {i: _TT_NORMAL for i in vocab}
+    for at in tok.get("added_tokens", []):
+        vocab[at["id"]] = at["content"]
+        types[at["id"]] = _TT_CONTROL if at.get("special") else _TT_USER_DEFINED
+    too_big = [i for i in vocab if i >= n_vocab]
+    if too_big:
+        raise ConvertError(f"{tj}: token ids up to {max(too_big)} but the model's vocab_size is {n_vocab}")
+    tokens = [vocab.get(i, f"[PAD{i}]") for i in range(n_vocab)]
+    toktypes = [types.get(i, _TT_UNUSED) for i in range(n_vocab)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+    if pre is None:
+        pre = _detect_pre(tok, tj)
+    norm = tok.get("normalizer")
+    norm_name = "none"
+    if norm:
+        kinds = [n.get("type") for n in norm.get("normalizers", [norm])]
+        norm_name = ",".join(k for k in kinds if k) or "none"
+
+    ids = {s: i for i, s in vocab.items()}
+
+    def special(key):
+        v = tcfg.get(key)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if v is None:
+            return None
+        if v not in ids:
+            raise ConvertError(f"{tc_path}: {key} {v!r} is not in the vocabulary")
+        return ids[v]
+
+    chat = tcfg.get("chat_template")
+    jinja = os.path.join(hf_dir, "chat_template.jinja")
+    if chat is None and os.path.exists(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            chat = f.read()
+    if isinstance(chat, list):     # named templates: keep the default one
+        chat = next((t["template"] for t in chat if t.get("name") == "default"), chat[0]["template"])
+    return dict(tokens=tokens, toktypes=toktypes, merges=merges, pre=pre, normalizer=norm_name,
+                bos=special("bos_token"), eos=special("eos_token"), pad=special("pad_token"),
+                add_bos=bool(tcfg.get("add_bos_token", False)), chat_template=chat)
+
+
+def _detect_pre(tok: dict, path: str) -> str:
+    pt = tok.get("pre_tokenizer") or {}
+    for p in pt.get("pretokenizers", [pt]):
+        if p.get("type") == "Split":
+            pat = p.get("pattern", {})
+            regex = pat.get("Regex") if isinstance(pat, dict) else None
+            if regex in _KNOWN_PRE:
+                return _KNOWN_PRE[regex]
+            raise ConvertError(f"{path}: unknown pre-tokenizer split {regex!r}; pass --tokenizer-pre NAME "
+                               f"(a llama.cpp pre-tokenizer name such as qwen2 or qwen35)")
+    raise ConvertError(f"{path}: no Split pre-tokenizer found; pass --tokenizer-pre NAME")
+
+
+# ---------------------------------------------------------------------------------------------- metadata
+
+def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> None:
+    from gguf import GGUFValueType as VT
+
+    a = ARCH
+    n = cfg["num_hidden_layers"]
+    rp = cfg["rope_parameters"]
+    if rp.get("rope_type", "default") not in ("default", "mrope"):
+        raise ConvertError(f"rope_type {rp.get('rope_type')!r} is not supported by this converter (only the "
+                           f"default rope, as in the released model)")
+    hd = cfg["head_dim"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if dk != dv:
+        raise ConvertError(f"linear_key_head_dim {dk} != linear_value_head_dim {dv}: llama.cpp's qwen4exp needs "
+                           f"them equal")
+    if cfg.get("indexer_n_heads") is None and any(cfg["is_qsa"]):
+        raise ConvertError("config has attention layers but no indexer_* fields (QSA needs them)")
+    sections = list(rp.get("mrope_section") or [11, 11, 10])
+    sections = (sections + [0, 0, 0, 0])[:4]
+    qsa = [i for i in range(n) if cfg["is_qsa"][i]]
+    interval = qsa[0] + 1 if qsa else 4
+
+    w.add_string("general.name", name)
+    w.add_uint32("general.file_type", _FILE_TYPE[outtype])
+    w.add_uint32("general.quantization_version", 2)
+    w.add_uint32(f"{a}.context_length", cfg["max_position_embeddings"])
+    w.add_uint32(f"{a}.embedding_length", cfg["hidden_size"])
+    w.add_uint32(f"{a}.block_count", n)
+    w.add_uint32(f"{a}.attention.head_count", cfg["num_attention_heads"])
+    w.add_uint32(f"{a}.attention.head_count_kv", cfg["num_key_value_heads"])
+    w.add_uint32(f"{a}.attention.key_length", hd)
+    w.add_uint32(f"{a}.attention.value_length", hd)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    w.add_float32(f"{a}.rope.freq_base", float(rp["rope_theta"]))
+    w.add_uint32(f"{a}.rope.dimension_count", int(hd * rp["partial_rotary_factor"]))
+    w.add_key_value(f"{a}.rope.dimension_sections", sections, VT.ARRAY, sub_type=VT.INT32)
+    w.add_uint32(f"{a}.expert_count", cfg["num_experts"])
+    w.add_uint32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])
+    w.add_uint32(f"{a}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+    w.add_uint32(f"{a}.expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
+    w.add_uint32(f"{a}.ssm.conv_kernel", cfg["linear_conv_kernel_dim"])
+    w.add_uint32(f"{a}.ssm.state_size", dk)
+    w.add_uint32(f"{a}.ssm.group_count", nk)
+    w.add_uint32(f"{a}.ssm.time_step_rank", nv)
+    w.add_uint32(f"{a}.ssm.inner_size", nv * dv)
+    w.add_key_value(f"{a}.attention.recurrent_layers", [not q for q in cfg["is_qsa"]], VT.ARRAY, sub_type=VT.BOOL)
+    w.add_uint32(f"{a}.full_attention_interval", interval)
+    w.add_uint32(f"{a}.hyper_connection.count", cfg["hc_count"])
+    w.add_uint32(f"{a}.hyper_connection.low_rank", cfg["hc_lowrank"])
+    if qsa:
+        w.add_uint32(f"{a}.attention.indexer.head_count", cfg["indexer_n_heads"])
+        w.add_uint32(f"{a}.attention.indexer.key_length", cfg["indexer_head_dim"])
+        w.add_uint32(f"{a}.attention.indexer.top_k", cfg["indexer_budget"])
+        ratio = cfg["indexer_compress_ratio"]
+        w.add_key_value(f"{a}.attention.compress_ratios", [ratio if q else 0 for q in cfg["is_qsa"]],
+                        VT.ARRAY, sub_type=VT.INT32)
+    if plan.ple is not None:
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None     # transformers' n-gram module resets on the FIRST entry
+        if eos is None:
+            raise ConvertError("config has PLE layers but no eos_token_id (the n-gram hash resets on it)")
+        ple = plan.ple
+        w.add_key_value(f"{a}.ple.layers", [ple["layer"]], VT.ARRAY, sub_type=VT.INT32)
+        w.add_uint32(f"{a}.ple.ngram_size", cfg["ngram_size"])
+        w.add_uint32(f"{a}.ple.heads_per_ngram", cfg["heads_per_ngram"])
+        w.add_uint32(f"{a}.ple.conv_kernel", cfg["ple_conv_kernel_size"])
+        w.add_uint32(f"{a}.ple.eos_token_id", int(eos))
+        if cfg.get("image_token_id") is not None:
+            w.add_uint32(f"{a}.ple.image_token_id", int(cfg["image_token_id"]))
+        w.add_uint32(f"{a}.embedding_length_per_layer_input", ple["row_dim"])
+        for key, vals in (("layer_multipliers", ple["layer_multipliers"]),
+                          ("head_offsets", ple["ngram_heads_offsets"]),
+                          ("head_vocab_sizes", ple["ngram_heads_vocab_sizes"])):
+            if any(v < 0 for v in vals):
+                raise ConvertError(f"PLE buffer {key} has negative entries")
+            w.add_key_value(f"{a}.ple.{key}", vals, VT.ARRAY, sub_type=VT.UINT64)
+    # keys of ours (llama.cpp ignores them): what llama.cpp's format does not record
+    w.add_string("strata.gdn_output_gate", cfg["gdn_output_gate"])
+    w.add_string("strata.tokenizer_normalizer", tk["normalizer"])
+    # tokenizer
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", tk["pre"])
+    w.add_key_value("tokenizer.ggml.tokens", tk["tokens"], VT.ARRAY, sub_type=VT.STRING)
+    w.add_key_value("tokenizer.ggml.token_type", tk["toktypes"], VT.ARRAY, sub_type=VT.INT32)
+    if tk["merges"]:
+        w.add_key_value("tokenizer.ggml.merges", tk["merges"], VT.ARRAY, sub_type=VT.STRING)
+    for key, v in (("bos_token_id", tk["bos"]), ("eos_token_id", tk["eos"]), ("padding_token_id", tk["pad"])):
+        if v is not None:
+            w.add_uint32(f"tokenizer.ggml.{key}", v)
+    w.add_bool("tokenizer.ggml.add_bos_token", tk["add_bos"])
+    if tk["chat_template"]:
+        w.add_string("tokenizer.chat_template", tk["chat_template"])
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+
+def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str | None = None,
+            log: Callable[[str], None] | None = None) -> dict:
+    """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes}}."""
+    import gguf
+
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
+    if not os.path.isdir(hf_dir):
+        raise ConvertError(f"{hf_dir}: not a directory")
+    cfg = load_config(hf_dir)
+    if len(cfg["ple_layer_ids"]) > 1:
+        raise ConvertError(f"ple_layer_ids {cfg['ple_layer_ids']}: llama.cpp's qwen4exp format holds one PLE layer")
+    ck = Checkpoint(hf_dir)
+    plan = _Plan(ck, cfg)
+    plan.build()
+    tk = read_tokenizer(hf_dir, cfg["vocab_size"], tokenizer_pre)
+
+    for t in plan.tensors:
+        t.qtype = choose_type(t, outtype)
+        t.nbytes = _nbytes(t.shape, t.qtype)
+
+    tmp = out_path + ".tmp"
+    w = gguf.GGUFWriter(tmp, ARCH, use_temp_file=False)
+    # GGUFWriter's constructor already added general.architecture; _metadata adds the rest
+    try:
+        _metadata(w, cfg, plan, tk, outtype, os.path.basename(os.path.normpath(hf_dir)))
+        for t in plan.tensors:
+            raw = getattr(gguf.GGMLQuantizationType, t.qtype)
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=raw)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        types: dict[str, int] = {}
+        for k, t in enumerate(plan.tensors):
+            w.write_tensor_data(_Chunked(t))
+            types[t.qtype] = types.get(t.qtype, 0) + t.nbytes
+            if log:
+                log(f"[{k + 1:4d}/{len(plan.tensors)}] {t.name:40s} {t.qtype:5s} "
+                    f"{{{', '.join(str(d) for d in reversed(t.shape))}}}")
+        w.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        w.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return {"tensors": len(plan.tensors), "bytes": os.path.getsize(out_path), "types": types}

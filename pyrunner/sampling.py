@@ -36,6 +36,8 @@ Semantics, where tools differ:
 - The draw inverts the cumulative distribution with one uniform number from a numpy Generator
   (PCG64) seeded with `seed`; exactly one number per sampled token, so the same seed and the same
   logits and history give the same tokens on every machine.
+tests/test_sampling.py runs the chain against llama.cpp's own samplers (through llama-cpp-python):
+same survivors, same distribution.
 
 Stopping: `StopStream` holds back streamed text that may be the start of a stop string and cuts
 the output before a completed one (the stop string itself is not emitted, as in llama.cpp and the

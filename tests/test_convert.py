@@ -436,3 +436,18 @@ def test_bf16_checkpoint(hf, work, sd):
                                   bf(sd["model.layers.3.mlp.experts.6.down_proj.weight"]))
     np.testing.assert_array_equal(np.asarray(t["blk.1.ple_norm_key.weight"].data),
                                   bf(sd["model.layers.1.ple.norm_key.weight"]) + np.float32(1))
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_streams_tensor_by_tensor(hf, work, outtype):
+    """Peak Python/numpy allocation stays well below the checkpoint size (measured 0.15x at f32, 0.26x at
+    q8_0: the largest single tensor plus the tokenizer metadata); holding all tensors would be >= 1x."""
+    import tracemalloc
+    size = (hf / "model.safetensors").stat().st_size
+    tracemalloc.start()
+    try:
+        convert(str(hf), str(work / f"stream-{outtype}.gguf"), outtype)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 0.5 * size, (peak, size)

@@ -209,6 +209,75 @@ int64_t strata_gguf_n_tensors(const strata_gguf *g);
 strata_status strata_gguf_tensor_info(const strata_gguf *g, int64_t i, strata_gguf_tensor *out);
 strata_status strata_gguf_find_tensor(const strata_gguf *g, const char *name, int64_t *index);
 
+/* ---------------------------------------------------------------- tokenizer */
+
+/* Byte-level BPE (GGUF tokenizer.ggml.model = "gpt2") with the Qwen pre-tokenizer split.
+ * Built from the tokenizer.ggml.* arrays, passed as plain buffers so that any reader can
+ * feed it. Immutable after init: one tokenizer may be used from many threads at once.
+ * Text in and out is UTF-8 bytes; normalisation (NFC for Qwen) is the caller's step. */
+typedef struct strata_tokenizer strata_tokenizer;
+
+typedef enum strata_tokenizer_pre {
+    STRATA_TOKENIZER_PRE_QWEN2 = 0,  /* tokenizer.ggml.pre = "qwen2": Qwen2/2.5/3 pattern */
+    STRATA_TOKENIZER_PRE_QWEN35 = 1  /* "qwen35": the Qwen 3.5/3.6 pattern, marks (\p{M}) join letters */
+} strata_tokenizer_pre;
+
+/* GGUF token types (tokenizer.ggml.token_type). NORMAL (and UNDEFINED) tokens are BPE
+ * pieces written byte-level (GPT-2's byte-to-char map); CONTROL and USER_DEFINED tokens
+ * are literal text matched in the input before splitting (USER_DEFINED always, CONTROL
+ * only with parse_special); UNUSED tokens never come out of encoding and decode to "". */
+typedef enum strata_token_type {
+    STRATA_TOKEN_UNDEFINED = 0,
+    STRATA_TOKEN_NORMAL = 1,
+    STRATA_TOKEN_UNKNOWN = 2,
+    STRATA_TOKEN_CONTROL = 3,
+    STRATA_TOKEN_USER_DEFINED = 4,
+    STRATA_TOKEN_UNUSED = 5,
+    STRATA_TOKEN_BYTE = 6
+} strata_token_type;
+
+typedef struct strata_tokenizer_params {
+    int32_t pre;            /* strata_tokenizer_pre; default QWEN2 */
+    int32_t ignore_merges;  /* 1 (default): a pre-token that is itself a token is that token,
+                               as tiktoken and HF's BPE(ignore_merges=true) do; 0: merges only */
+} strata_tokenizer_params;
+
+strata_tokenizer_params strata_tokenizer_default_params(void);
+
+/* tokens: n_tokens strings back to back in token_data, token_lens[i] bytes each (not
+ * NUL-terminated); token_types: n_tokens strata_token_type values (NULL = all NORMAL);
+ * merges: n_merges strings "left right" back to back in merge_data, merge_lens[i] bytes
+ * each, in rank order (first = applied first). Inputs are copied; nothing is kept.
+ * Fails with STRATA_ERR_FORMAT naming the token or merge that is malformed. */
+strata_status strata_tokenizer_init(const char *token_data, const uint32_t *token_lens,
+                                    const int32_t *token_types, int64_t n_tokens,
+                                    const char *merge_data, const uint32_t *merge_lens,
+                                    int64_t n_merges, const strata_tokenizer_params *params,
+                                    strata_tokenizer **out);
+void strata_tokenizer_free(strata_tokenizer *tok);
+
+int64_t strata_tokenizer_n_tokens(const strata_tokenizer *tok);
+
+/* Encodes text_len bytes of UTF-8 into token ids. Writes at most `capacity` ids to `ids`
+ * and sets *n_ids to the number the text needs; STRATA_ERR_BUFFER_TOO_SMALL when that is
+ * more than capacity (call again with a larger buffer; ids is then partly written).
+ * parse_special: 1 matches CONTROL tokens in the text; 0 encodes them as plain text. */
+strata_status strata_tokenizer_encode(const strata_tokenizer *tok, const char *text,
+                                      uint64_t text_len, int32_t parse_special, int32_t *ids,
+                                      uint64_t capacity, uint64_t *n_ids);
+
+/* The bytes token `id` stands for (raw bytes, not byte-level text; "" for UNUSED):
+ * a pointer into the tokenizer, valid while it lives. STRATA_ERR_INVALID_ARG when id is
+ * out of range. Bytes of one token may be an incomplete UTF-8 sequence. */
+strata_status strata_tokenizer_token_bytes(const strata_tokenizer *tok, int32_t id,
+                                           const char **data, uint64_t *len);
+
+/* Concatenated bytes of n_ids tokens into buf (capacity bytes); *len gets the size
+ * needed; STRATA_ERR_BUFFER_TOO_SMALL when it exceeds capacity. */
+strata_status strata_tokenizer_decode(const strata_tokenizer *tok, const int32_t *ids,
+                                      uint64_t n_ids, char *buf, uint64_t capacity,
+                                      uint64_t *len);
+
 /* ---------------------------------------------------------------- devices */
 
 /* Number of usable CUDA devices (0 without a driver or GPU, or in a build without CUDA);

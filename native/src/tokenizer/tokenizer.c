@@ -19,6 +19,7 @@
 #include "tokenizer_internal.h"
 #include "util/error.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,7 +115,8 @@ static inline const merge_slot *merge_find(const strata_tokenizer *t, int32_t a,
  * (0x00-0x20, 0x7F-0xA0, 0xAD) are written as U+0100 + their order among those. */
 static int byte_is_self(int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; }
 
-static int16_t g_char_to_byte[0x144];
+static int16_t g_char_to_byte[0x144];  /* filled once (pthread_once), read-only after */
+static pthread_once_t g_byte_map_once = PTHREAD_ONCE_INIT;
 
 static void init_byte_map(void) {
     int n = 0;
@@ -305,7 +307,7 @@ strata_status strata_tokenizer_init(const char *token_data, const uint32_t *toke
     if (p.pre != STRATA_TOKENIZER_PRE_QWEN2 && p.pre != STRATA_TOKENIZER_PRE_QWEN35)
         return strata_fail(STRATA_ERR_UNSUPPORTED, "tokenizer: pre-tokenizer %d is not supported (qwen2 = 0, "
                            "qwen35 = 1)", p.pre);
-    if (g_char_to_byte[0x100] == 0) init_byte_map();  /* idempotent: same values from any thread */
+    pthread_once(&g_byte_map_once, init_byte_map);
     strata_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory");
     t->n_tokens = n_tokens;
@@ -322,6 +324,9 @@ strata_status strata_tokenizer_init(const char *token_data, const uint32_t *toke
 
 /* ---------------------------------------------------------------- encode */
 
+/* Pieces up to this many bytes use the quadratic scan (fastest when short). */
+enum { BPE_SCAN_MAX = 64 };
+
 typedef struct id_sink {
     int32_t *ids;
     uint64_t capacity;
@@ -336,25 +341,110 @@ static inline void emit(id_sink *o, int32_t id) {
 /* BPE of one piece. parts[] holds the current tokens, rank[k] the rank of merging parts k
  * and k+1 (INT32_MAX: none). Each step merges the lowest rank, leftmost on ties: O(n^2) in
  * the piece length, which is short for anything but long runs of one char. */
+/* Long pieces (a megabyte of DNA or base64 is one pre-token) take the same merges in
+ * O(n log n): symbols in a linked list, candidate pairs in a min-heap ordered by (rank,
+ * start of the left symbol), stale entries skipped when popped. The heap's minimum is the
+ * scan's choice (lowest rank, leftmost), so both paths give the same ids. */
+typedef struct heap_entry {
+    int32_t rank;
+    uint32_t pos;   /* index of the left symbol (its first byte) */
+    uint32_t right; /* index of the right symbol when pushed */
+    int32_t result;
+} heap_entry;
+
+static inline int heap_less(const heap_entry *a, const heap_entry *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!heap_less(&e, &h[parent])) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = e;
+}
+
+static heap_entry heap_pop(heap_entry *h, size_t *n) {
+    heap_entry top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
+        if (!heap_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+static strata_status bpe_long(const strata_tokenizer *t, const uint8_t *p, size_t n, id_sink *o) {
+    /* id[k], next[k], prev[k] for the symbol starting at byte k (id -1: absorbed) */
+    int32_t *id = malloc(sizeof(int32_t) * n);
+    uint32_t *next = malloc(sizeof(uint32_t) * n), *prev = malloc(sizeof(uint32_t) * n);
+    heap_entry *heap = malloc(sizeof(heap_entry) * n * 3);  /* n - 1 pairs, then 2 per merge */
+    size_t hn = 0;
+    strata_status st = STRATA_OK;
+    if (!id || !next || !prev || !heap) {
+        st = strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
+        goto done;
+    }
+    for (size_t k = 0; k < n; k++) {
+        id[k] = t->byte_id[p[k]];
+        if (id[k] < 0) {
+            st = strata_fail(STRATA_ERR_FORMAT, "tokenizer: byte 0x%02x has no token in the vocabulary", p[k]);
+            goto done;
+        }
+        next[k] = (uint32_t)(k + 1);  /* n = none */
+        prev[k] = (uint32_t)(k - 1);  /* wraps for k = 0: never read */
+    }
+    for (size_t k = 0; k + 1 < n; k++) {
+        const merge_slot *s = merge_find(t, id[k], id[k + 1]);
+        if (s) heap_push(heap, &hn, (heap_entry){s->rank, (uint32_t)k, (uint32_t)(k + 1), s->result});
+    }
+    while (hn) {
+        heap_entry e = heap_pop(heap, &hn);
+        if (id[e.pos] < 0 || next[e.pos] != e.right || e.right >= n) continue;          /* stale */
+        const merge_slot *cur = merge_find(t, id[e.pos], id[e.right]);
+        if (!cur || cur->rank != e.rank) continue;                                      /* stale */
+        id[e.pos] = e.result;
+        id[e.right] = -1;
+        next[e.pos] = next[e.right];
+        if (next[e.pos] < n) prev[next[e.pos]] = e.pos;
+        if (e.pos > 0) {
+            uint32_t l = prev[e.pos];
+            const merge_slot *s = merge_find(t, id[l], id[e.pos]);
+            if (s) heap_push(heap, &hn, (heap_entry){s->rank, l, e.pos, s->result});
+        }
+        if (next[e.pos] < n) {
+            const merge_slot *s = merge_find(t, id[e.pos], id[next[e.pos]]);
+            if (s) heap_push(heap, &hn, (heap_entry){s->rank, e.pos, next[e.pos], s->result});
+        }
+    }
+    for (size_t k = 0; k < n; k = next[k]) emit(o, id[k]);
+done:
+    free(id);
+    free(next);
+    free(prev);
+    free(heap);
+    return st;
+}
+
 static strata_status bpe_piece(const strata_tokenizer *t, const uint8_t *p, size_t n, id_sink *o) {
     if (t->params.ignore_merges || n == 1) {
         int32_t id = piece_find(t, p, n);
         if (id >= 0) { emit(o, id); return STRATA_OK; }
     }
-    int32_t stack_parts[64], stack_rank[64], stack_res[64];
-    int32_t *parts = stack_parts, *rank = stack_rank, *res = stack_res;
-    if (n > 64) {
-        parts = malloc(sizeof(int32_t) * n * 3);
-        if (!parts) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory for a %zu-byte piece", n);
-        rank = parts + n;
-        res = rank + n;
-    }
+    if (n > BPE_SCAN_MAX) return bpe_long(t, p, n, o);
+    int32_t parts[BPE_SCAN_MAX], rank[BPE_SCAN_MAX], res[BPE_SCAN_MAX];
     for (size_t k = 0; k < n; k++) {
         parts[k] = t->byte_id[p[k]];
-        if (parts[k] < 0) {
-            if (parts != stack_parts) free(parts);
+        if (parts[k] < 0)
             return strata_fail(STRATA_ERR_FORMAT, "tokenizer: byte 0x%02x has no token in the vocabulary", p[k]);
-        }
     }
     size_t m = n;
     for (size_t k = 0; k + 1 < m; k++) {
@@ -389,7 +479,6 @@ static strata_status bpe_piece(const strata_tokenizer *t, const uint8_t *p, size
         }
     }
     for (size_t k = 0; k < m; k++) emit(o, parts[k]);
-    if (parts != stack_parts) free(parts);
     return STRATA_OK;
 }
 

@@ -41,8 +41,8 @@ import numpy as np
 
 ARCH = "qwen4exp"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-# general.file_type values (llama.cpp's LlamaFileType)
-_FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+# general.file_type values (llama.cpp's LlamaFileType); the recipe names are tools/make_model.py's
+_FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32, "q4_k_m": 15, "iq2_xs": 20, "nvfp4": 39}
 
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -155,6 +155,12 @@ def load_config(hf_dir: str) -> dict:
         raise ConvertError(f"{hf_dir}: no config.json (convert needs a save_pretrained directory)") from None
     except ValueError as e:
         raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    return config_from_dict(raw, path)
+
+
+def config_from_dict(raw: dict, path: str = "config") -> dict:
+    """A config.json dict (text_config merged to the root) with transformers' defaults filled in and the
+    derived fields (is_qsa, rope_parameters, gdn_output_gate) added; `path` names it in errors."""
     cfg = dict(raw)
     if isinstance(raw.get("text_config"), dict):
         cfg.update(raw["text_config"])

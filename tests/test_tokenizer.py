@@ -76,6 +76,9 @@ class Oracles:
         key = _cache_key()
         js = CACHE / f"tokenizer-{name}-{key}.json"
         gg = CACHE / f"tokenizer-{name}-{key}.gguf"
+        for old in CACHE.glob(f"tokenizer-{name}-*.*"):   # written by an older tool
+            if old not in (js, gg):
+                old.unlink(missing_ok=True)
         ranks = None
         if not js.exists():
             ranks = t2h.load_tiktoken(path)
@@ -89,6 +92,7 @@ class Oracles:
             tmp.replace(gg)
         self.hf = hf_tokenizers.Tokenizer.from_file(str(js))
         self.gguf_path = gg
+        self.json_path = js
         t0 = time.perf_counter()
         self.tok = Tokenizer.from_gguf(gg)
         self.build_s = time.perf_counter() - t0
@@ -193,6 +197,24 @@ def test_from_gguf_reads_the_metadata(oracles):
     assert tok.eos_id == oracles.qwen.encode("<|endoftext|>")[0]
     assert tok.detokenize([tok.n_vocab - 1]) == ""       # padding ids decode to nothing
     print(f"\n[{oracles.pre}] Tokenizer.from_gguf: {oracles.build_s:.2f} s for {tok.n_vocab} tokens")
+
+
+def test_tokenizer_json_through_the_converter_and_from_vocab(oracles, tmp_path):
+    """The tokenizer.json feeds `strata convert` (pyrunner.convert.read_tokenizer detects the
+    split and the NFC normaliser from it) and Tokenizer.from_vocab; both give the same ids."""
+    from pyrunner.convert import read_tokenizer
+
+    (tmp_path / "tokenizer.json").symlink_to(oracles.json_path)
+    tk = read_tokenizer(str(tmp_path), oracles.tok.n_vocab, None)
+    assert tk["pre"] == oracles.pre and tk["normalizer"] == "NFC"
+    via_convert = Tokenizer(tk["tokens"], tk["toktypes"], tk["merges"], pre=tk["pre"], normalizer=tk["normalizer"])
+    hf = json.loads(oracles.json_path.read_text(encoding="utf-8"))
+    via_vocab = Tokenizer.from_vocab(hf["model"]["vocab"], hf["model"]["merges"],
+                                     {a["content"]: a["id"] for a in hf["added_tokens"]}, pre=oracles.pre)
+    for text in CORPUS:
+        ref = oracles.qwen.encode(text)
+        assert via_convert.tokenize(text) == ref, repr(text)
+        assert via_vocab.tokenize(text) == ref, repr(text)
 
 
 # --------------------------------------------------------------------------- streaming

@@ -33,8 +33,11 @@ divide the row either (llama.cpp does the same), e.g. `ple_conv1d`.
 
 NVFP4 `.scale` tensors are NOT added: the NVFP4 blocks carry their own UE4M3 sub-block scales, an
 optional per-tensor `.scale` is only needed where block scales fall into E4M3's subnormal range, and a
-file meant for llama.cpp gets no tensor Strata would not need (DESIGN §2). Existing `.scale` tensors in
-the input are copied unchanged.
+file meant for llama.cpp gets no tensor Strata would not need (DESIGN §2). An input's `X.scale` (the
+per-tensor, or per-expert for `*_exps`, multiplier llama.cpp applies to `X.weight`'s product) is kept
+with its weight when the weight is copied unchanged, and otherwise folded into the weight's values
+before re-encoding and dropped (applying it again would scale the output twice). `.input_scale`
+tensors are copied unchanged.
 
 Importance matrix (--imatrix): llama.cpp's legacy `.dat` (llama-imatrix's binary) or its GGUF imatrix
 (`<tensor>.in_sum2` / `<tensor>.counts`). Searched formats (Q4_K, Q6_K, IQ4_NL, IQ2_XS, NVFP4) weight
@@ -232,8 +235,10 @@ def _encode(typ: str, rows: np.ndarray, im: np.ndarray | None) -> bytes:
 class _Job:
     """One output tensor, written piece by piece (duck-types what GGUFWriter.write_tensor_data uses)."""
 
-    def __init__(self, f: GGUFFile, t: dict, out_type: str, im: np.ndarray | None, pool, width: int, bar):
+    def __init__(self, f: GGUFFile, t: dict, out_type: str, im: np.ndarray | None, pool, width: int, bar,
+                 scale: np.ndarray | None = None):
         self.f, self.t, self.out_type, self.im, self.pool, self.width, self.bar = f, t, out_type, im, pool, width, bar
+        self.scale = scale                 # folded into the values: (1,) or one per matrix (expert)
         ne = t["shape"]
         self.ne0, self.n = ne[0], int(np.prod(ne, dtype=np.int64))
         self.nbytes = t["size"] if out_type == t["type"] else _row_bytes(out_type, self.ne0) * (self.n // self.ne0)
@@ -256,13 +261,16 @@ class _Job:
             if self.im is not None:
                 j = (mat0 // per_mat) % (len(self.im) // self.ne0)
                 im = self.im[j * self.ne0:(j + 1) * self.ne0]
+            sc = None if self.scale is None else float(self.scale[(mat0 // per_mat) % len(self.scale)])
             for r0 in range(mat0, min(mat0 + per_mat, rows), step):
                 r1 = min(r0 + step, mat0 + per_mat, rows)
-                pieces.append((r0, r1, im))
+                pieces.append((r0, r1, im, sc))
 
         def work(p):
-            r0, r1, im = p
+            r0, r1, im, sc = p
             vals = _to_f32(src, raw[r0 * in_row:r1 * in_row], (r1 - r0) * self.ne0).reshape(r1 - r0, self.ne0)
+            if sc is not None:
+                vals = vals * np.float32(sc)
             return _encode(self.out_type, vals, im), (r1 - r0) * self.ne0
 
         written = 0
@@ -398,6 +406,24 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
                                 f"row length {t['shape'][0]}; was it made for another model?")
         ims[t["name"]] = v
 
+    # X.scale multiplies X.weight's product: fold it into a weight that is re-encoded, and drop it
+    by_name = {t["name"]: t for t in tensors}
+    scales, dropped = {}, set()
+    for t in tensors:
+        base = t["name"][:-len(".weight")] if t["name"].endswith(".weight") else None
+        st = by_name.get(f"{base}.scale") if base else None
+        if st is None:
+            continue
+        types[st["name"]] = st["type"]                  # a scale itself is never re-encoded
+        if types[t["name"]] == t["type"]:
+            continue                                    # the weight is copied: its scale stays valid
+        v = _to_f32(st["type"], f.tensor_data(st["name"]), int(np.prod(st["shape"], dtype=np.int64)))
+        n_mat = t["shape"][2] if len(t["shape"]) > 2 else 1
+        if len(v) not in (1, n_mat):
+            raise QuantizeError(f"{src}: {st['name']} has {len(v)} values; {t['name']} needs 1 or {n_mat}")
+        scales[t["name"]] = np.array(v, dtype=np.float32)
+        dropped.add(st["name"])
+
     extra = {"strata.quantize.recipe": recipe}
     if "general.quantization_version" not in reader.fields:
         extra["general.quantization_version"] = 2       # ggml's block-layout version, as llama.cpp writes
@@ -405,13 +431,14 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
         extra |= {"quantize.imatrix.file": os.path.basename(imatrix), "quantize.imatrix.entries_count": len(ims)}
 
     n_threads = threads or os.cpu_count() or 1
-    total = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in tensors)
+    total = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in tensors if t["name"] not in dropped)
     advance, close = _progress(total, progress)
     tmp = dst + ".tmp"
     w = GGUFWriter(tmp, arch, use_temp_file=False)
     try:
         with ThreadPoolExecutor(n_threads) as pool:
-            jobs = [_Job(f, t, types[t["name"]], ims.get(t["name"]), pool, n_threads, advance) for t in tensors]
+            jobs = [_Job(f, t, types[t["name"]], ims.get(t["name"]), pool, n_threads, advance,
+                         scales.get(t["name"])) for t in tensors if t["name"] not in dropped]
             _copy_metadata(w, reader, _FILE_TYPE[recipe], extra)
             for j in jobs:
                 # GGUFWriter wants the numpy-order element shape
@@ -442,7 +469,8 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
     tb, tv = sum(by_bytes.values()) or 1, sum(by_vals.values()) or 1
     result = {"recipe": recipe, "tensors": len(jobs), "file_bytes": os.path.getsize(dst), "bytes": by_bytes,
               "share": {k: v / tb for k, v in by_bytes.items()}, "values": by_vals,
-              "value_share": {k: v / tv for k, v in by_vals.items()}, "types": types}
+              "value_share": {k: v / tv for k, v in by_vals.items()},
+              "types": {k: v for k, v in types.items() if k not in dropped}}
     if progress:
         print(format_shares(result))
     return result

@@ -238,6 +238,65 @@ def test_quantized_input(made, f32, work):
     assert res["value_share"]["NVFP4"] > 0.95
 
 
+def _with_scales(f32: Path, out: Path) -> dict[str, np.ndarray]:
+    """f32's model with two weights stored as a ModelOpt-style converter would: NVFP4 of W / s plus an
+    `X.scale` s (per expert for the experts, one value for output). Returns {weight name: s}."""
+    import gguf
+    r, g = gguf.GGUFReader(str(f32)), GGUFFile(f32)
+    w = gguf.GGUFWriter(str(out), "qwen4exp")
+    for k, fld in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = fld.types[0]
+        w.add_key_value(k, fld.contents(), vt, sub_type=fld.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+    scales = {"blk.0.ffn_gate_exps.weight": np.linspace(0.5, 4.0, 8).astype(np.float32),
+              "output.weight": np.array([4.0], np.float32)}
+    for t in g.tensors():
+        a = np.frombuffer(g.tensor_data(t["name"]), dtype="<f4").reshape(list(reversed(t["shape"])))
+        if t["name"] in scales:
+            s = scales[t["name"]]
+            q = quant.quantize("NVFP4", (a / s.reshape(-1, *([1] * (a.ndim - 1)))).reshape(-1, a.shape[-1]))
+            rb = quant.row_size("NVFP4", a.shape[-1])
+            w.add_tensor(t["name"], np.frombuffer(q, np.uint8).reshape(*a.shape[:-1], rb),
+                         raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+            w.add_tensor(t["name"][:-len(".weight")] + ".scale", s)
+        else:
+            w.add_tensor(t["name"], a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return scales
+
+
+def test_scale_tensors_fold_or_stay(f32, work, prompts):
+    """An input weight with an `X.scale`: re-encoded (q8_0), the scale is folded into the values and the
+    tensor dropped; copied (nvfp4), weight and scale stay as they were. llama.cpp, which applies `.scale`
+    with a mul, gives the scaled input and its q8_0 requantization the same top-1."""
+    src = work / "scaled.gguf"
+    scales = _with_scales(f32, src)
+    q8, nv = work / "scaled-q8.gguf", work / "scaled-nvfp4.gguf"
+    quantize_file(str(src), str(q8), "q8_0", progress=False)
+    quantize_file(str(src), str(nv), "nvfp4", progress=False)
+    ref, a, b, s = GGUFFile(f32), GGUFFile(q8), GGUFFile(nv), GGUFFile(src)
+    ta, tb = {t["name"]: t for t in a.tensors()}, {t["name"]: t for t in b.tensors()}
+    for name in scales:
+        sname = name[:-len(".weight")] + ".scale"
+        assert sname not in ta and ta[name]["type"] == "Q8_0"
+        x = np.frombuffer(ref.tensor_data(name), dtype="<f4")
+        y = quant.dequantize("Q8_0", bytes(a.tensor_data(name)), x.size)
+        assert np.sqrt(np.sum((x - y) ** 2) / np.sum(x * x)) <= REL_BOUND["NVFP4"] + REL_BOUND["Q8_0"]
+        assert sname in tb and tb[name]["type"] == "NVFP4"
+        assert bytes(b.tensor_data(name)) == bytes(s.tensor_data(name))
+        assert bytes(b.tensor_data(sname)) == bytes(s.tensor_data(sname))
+    if importlib.util.find_spec("llama_cpp"):
+        la, lb = _llama_logits(src, prompts[:1]), _llama_logits(q8, prompts[:1])
+        agree = float(np.mean(la.argmax(-1) == lb.argmax(-1)))
+        print(f"\n.scale: llama.cpp top-1 scaled NVFP4 input vs its folded q8_0: {agree:.3f}, "
+              f"max|dlogit| {np.abs(la - lb).max():.3f}")
+        assert agree >= 0.8
+
+
 def test_plan_matches_file_for_every_recipe(f32):
     ts = gguf_info(f32)["tensors"]
     for recipe in RECIPES:

@@ -274,16 +274,17 @@ def test_bench_plan_iq2_xs():
 
 
 def test_bench_plan_other_recipes():
+    """The recipes are strata quantize's: 256-value types fall back on the 96-wide expert down rows."""
     _, q4 = _plan("bench", "q4_k_m")
     assert q4["blk.0.ffn_gate_exps.weight"]["type"] == "Q4_K"
-    assert q4["blk.0.ffn_down_exps.weight"]["type"] == "Q5_1"       # 96 / 640-wide rows: no 256 blocks
-    assert q4["blk.0.ffn_down_shexp.weight"]["type"] == "Q5_1"      # 640 wide
+    downs = {q4[f"blk.{i}.ffn_down_exps.weight"]["type"] for i in range(48)}
+    assert downs == {"Q8_0", "Q5_1"}          # Q6_K on llama.cpp's "more bits" layers, else Q4_K, both fall back
     assert q4["output.weight"]["type"] == "Q6_K"
     _, nv = _plan("bench", "nvfp4")
-    assert nv["blk.0.ffn_down_exps.weight"]["type"] == "Q8_0"       # 96 % 64 != 0
+    assert nv["blk.0.ffn_down_exps.weight"]["type"] == "IQ4_NL"     # 96 % 64 != 0
     assert nv["blk.0.ffn_gate_exps.weight"]["type"] == "NVFP4"
     assert nv["blk.0.ffn_down_shexp.weight"]["type"] == "NVFP4"     # 640 = 10 x 64
-    assert nv["token_embd.weight"]["type"] == "Q8_0"
+    assert nv["per_layer_token_embd.weight"]["type"] == "IQ4_NL"    # 160-value rows
 
 
 def test_ple_full_plan():

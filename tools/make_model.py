@@ -23,17 +23,10 @@ Two ways to fill the tensors:
     tensor by tensor, so memory stays small and no float copy of the model exists. Only the small F32
     tensors (norms, routers, convs, per-head scalars) come from floats.
 
-Recipes (type per tensor; first type whose block size divides the row width, DESIGN §3):
-  f32     everything F32;
-  q8_0    pyrunner.convert's q8_0 rule (matrices Q8_0, rows that 32 does not divide F16);
-  iq2_xs  routed experts IQ2_XS -> IQ4_NL, output Q6_K -> Q8_0, every other matrix Q4_K -> IQ4_NL,
-          PLE table IQ4_NL. The 640-wide (or any non-256) ffn_down_exps rows take IQ4_NL, as real files do;
-  q4_k_m  experts gate/up Q4_K -> Q5_1, expert and shared down Q6_K -> Q5_1 (the 640-wide fallback of the
-          real UD files), attn_v / output Q6_K -> Q8_0, every other matrix Q4_K -> Q5_1, PLE table IQ4_NL;
-  nvfp4   every matmul weight NVFP4 (64-value blocks) -> Q8_0, token_embd Q8_0 (a row lookup), PLE table
-          IQ4_NL; no per-tensor .scale tensors (scale 1).
-Whatever the recipe, 1-D tensors, *_norm, the routers, ssm_conv1d and non-".weight" tensors stay F32, and a
-row width that no type in the chain fits falls back to F16 (F32 under f32).
+Recipes: f32 keeps every tensor F32; q8_0, q4_k_m, iq2_xs and nvfp4 are `strata quantize`'s
+(pyrunner.quantize.plan_types, which documents each mix and its row-width fallbacks, e.g. the 640-wide
+ffn_down_exps rows to IQ4_NL under iq2_xs), so a file made here has the types that quantizing the f32 file
+would give it.
 """
 from __future__ import annotations
 
@@ -272,44 +265,18 @@ def nbytes(shape: tuple, qtype: str) -> int:
     return math.prod(shape) // bs * ts
 
 
-def _first_fit(chain: list[str], width: int, last: str) -> str:
-    for t in chain:
-        if width % _block(t)[0] == 0:
-            return t
-    return last
-
-
-def tensor_type(name: str, shape: tuple, force_f32: bool, recipe: str) -> str:
-    """The recipe's type for a tensor (shape in numpy order: shape[-1] is the row width)."""
-    probe = convert.OutTensor(name, shape, lambda: iter(()), force_f32)
-    if recipe in ("f32", "q8_0"):
-        return convert.choose_type(probe, recipe)
-    if convert.choose_type(probe, "q8_0") == "F32":    # the converter's kept-in-F32 rule (norms, routers, ...)
-        return "F32"
-    w = shape[-1]
-    if name == "per_layer_token_embd.weight":
-        return _first_fit(["IQ4_NL", "Q8_0"], w, "F16")
-    expert_gu = name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight"))
-    expert_down = name.endswith("ffn_down_exps.weight")
-    if recipe == "iq2_xs":
-        if expert_gu or expert_down:
-            chain = ["IQ2_XS", "IQ4_NL"]
-        elif name == "output.weight":
-            chain = ["Q6_K", "Q8_0"]
-        else:
-            chain = ["Q4_K", "IQ4_NL"]
-    elif recipe == "q4_k_m":
-        if expert_down or name.endswith("ffn_down_shexp.weight"):
-            chain = ["Q6_K", "Q5_1"]
-        elif name.endswith("attn_v.weight") or name == "output.weight":
-            chain = ["Q6_K", "Q8_0"]
-        else:
-            chain = ["Q4_K", "Q5_1"]
-    elif recipe == "nvfp4":
-        chain = ["Q8_0"] if name == "token_embd.weight" else ["NVFP4", "Q8_0"]
-    else:
+def assign_types(tensors: list, recipe: str) -> None:
+    """Set .qtype of every planned tensor for a recipe (see the module docstring)."""
+    if recipe not in RECIPES:
         raise MakeModelError(f"--recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
-    return _first_fit(chain, w, "F16")
+    if recipe == "f32":
+        for t in tensors:
+            t.qtype = convert.choose_type(t, "f32")
+        return
+    from pyrunner.quantize import plan_types
+    types = plan_types([{"name": t.name, "shape": list(reversed(t.shape))} for t in tensors], recipe)
+    for t in tensors:
+        t.qtype = types[t.name]
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -405,8 +372,8 @@ def plan_model(preset: str | dict, recipe: str = "f32", seed: int = 0) -> dict:
         raise MakeModelError(f"--recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
     _, plan, _ = build_plan(p, seed)
     out, types = [], {}
+    assign_types(plan.tensors, recipe)
     for t in plan.tensors:
-        t.qtype = tensor_type(t.name, t.shape, t.force_f32, recipe)
         t.nbytes = nbytes(t.shape, t.qtype)
         out.append({"name": t.name, "type": t.qtype, "shape": list(reversed(t.shape)), "size": t.nbytes})
         types[t.qtype] = types.get(t.qtype, 0) + t.nbytes

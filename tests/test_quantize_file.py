@@ -297,6 +297,45 @@ def test_scale_tensors_fold_or_stay(f32, work, prompts):
         assert agree >= 0.8
 
 
+def test_split_bf16_input(hf, f32, work):
+    """A BF16 model stored as a split set (how large GGUFs ship) quantizes, through its first file, into
+    one file holding every tensor of every split, without the split.* keys."""
+    import gguf
+
+    from pyrunner.convert import convert
+    bf = work / "tiny-bf16.gguf"
+    convert(str(hf), str(bf), "bf16")
+    r, g = gguf.GGUFReader(str(bf)), GGUFFile(bf)
+    w = gguf.GGUFWriter(work / "split.gguf", "qwen4exp", split_max_tensors=50)
+    for k, fld in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = fld.types[0]
+        w.add_key_value(k, fld.contents(), vt, sub_type=fld.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in g.tensors():
+        dt = {"F32": "<f4", "BF16": "<u2"}[t["type"]]
+        w.add_tensor(t["name"], np.frombuffer(g.tensor_data(t["name"]), dt).reshape(list(reversed(t["shape"]))),
+                     raw_dtype=gguf.GGMLQuantizationType[t["type"]])
+    w.write_header_to_file(work / "split.gguf")
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    parts = sorted(work.glob("split-0000*-of-0000*.gguf"))
+    assert len(parts) == 3
+    out = work / "from-split-q8_0.gguf"
+    quantize_file(str(parts[0]), str(out), "q8_0", progress=False)
+    info = gguf_info(out)
+    assert not any(k.startswith("split.") for k in info["metadata"])
+    ref, q = GGUFFile(f32), GGUFFile(out)
+    names = [t["name"] for t in q.tensors()]
+    assert names == [t["name"] for t in ref.tensors()]
+    for t in q.tensors():
+        a = np.frombuffer(ref.tensor_data(t["name"]), dtype="<f4")
+        b = quant.dequantize(t["type"], bytes(q.tensor_data(t["name"])), _values(t))
+        rel = float(np.sqrt(np.sum((a - b) ** 2) / np.sum(a * a)))
+        assert rel <= REL_BOUND[t["type"]] + 0.005, (t["name"], rel)     # + BF16's own rounding
+
+
 def test_plan_matches_file_for_every_recipe(f32):
     ts = gguf_info(f32)["tensors"]
     for recipe in RECIPES:

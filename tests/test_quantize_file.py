@@ -24,7 +24,7 @@ import pytest
 
 from pyrunner import quant
 from pyrunner.gguf import GGUFFile, gguf_info
-from pyrunner.quantize import RECIPES, QuantizeError, plan_types, quantize_file
+from pyrunner.quantize import RECIPES, SCALE_KINDS, QuantizeError, plan_types, quantize_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 40          # < QSA budget 64: llama.cpp and transformers agree exactly at f32
@@ -38,7 +38,7 @@ REL_BOUND = {"F32": 0.0, "F16": 1e-3, "Q8_0": 0.010, "Q6_K": 0.028, "Q5_1": 0.05
 # prompt where ours gets 0.625 — its mix is larger here: Q8_0 attn_qkv for exactly-8-expert models). Random
 # tiny logits have many near-ties and weight noise flips expert picks, so these are floors against a broken
 # file, not quality figures (f32: 1.000). The exact check is the one against the dequantized weights.
-TOP1_MIN = {"q8_0": 0.80, "q4_k_m": 0.50, "iq2_xs": 0.15, "nvfp4": 0.15}
+TOP1_MIN = {"q8_0": 0.80, "q4_k_m": 0.50, "iq2_xs": 0.15, "nvfp4": 0.15, "nvfp4+scale-always": 0.15}
 
 
 def _tool():
@@ -87,7 +87,8 @@ def made(f32, work):
     def get(recipe: str) -> tuple[Path, dict]:
         if recipe not in _made:
             out = work / f"tiny-{recipe}.gguf"
-            _made[recipe] = (out, quantize_file(str(f32), str(out), recipe, progress=False))
+            name, _, mode = recipe.partition("+scale-")        # "nvfp4+scale-always": with nvfp4_scale="always"
+            _made[recipe] = (out, quantize_file(str(f32), str(out), name, progress=False, nvfp4_scale=mode or "auto"))
         return _made[recipe]
     yield get
     _made.clear()
@@ -193,7 +194,62 @@ def test_nvfp4_everywhere(made):
     assert ts["blk.0.hc_attn_up.weight"]["type"] == "IQ4_NL"
     share = sum(_values(t) for t in mm if t["type"] == "NVFP4") / sum(_values(t) for t in mm)
     assert share > 0.95
-    assert not any(k.endswith(".scale") for k in ts)              # documented: no .scale tensors added
+    # nvfp4_scale="auto": these weights' block maxima lie above UE4M3's subnormal range, so no .scale
+    assert not any(k.endswith(".scale") for k in ts)
+
+
+def _scaled_copy(f32: Path, out: Path, factor: float) -> None:
+    """f32's model with every matmul weight multiplied by factor (real-LLM magnitudes at factor ~0.25)."""
+    import gguf
+    r, g = gguf.GGUFReader(str(f32)), GGUFFile(f32)
+    w = gguf.GGUFWriter(str(out), "qwen4exp")
+    for k, fld in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = fld.types[0]
+        w.add_key_value(k, fld.contents(), vt, sub_type=fld.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in g.tensors():
+        a = np.frombuffer(g.tensor_data(t["name"]), dtype="<f4").reshape(list(reversed(t["shape"])))
+        w.add_tensor(t["name"], a * np.float32(factor) if _matmul(t) else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_nvfp4_scales_where_useful(f32, work):
+    """Weights of real-LLM magnitude (std ~0.004-0.016 here): "auto" adds `.scale` tensors ({n_expert} for
+    experts, {1} otherwise), and the error with them is lower than without ("never") and than the bound;
+    the dequantized value is blocks x scale."""
+    small = work / "small.gguf"
+    _scaled_copy(f32, small, 0.0625)
+    auto, never = work / "small-auto.gguf", work / "small-never.gguf"
+    quantize_file(str(small), str(auto), "nvfp4", progress=False)
+    quantize_file(str(small), str(never), "nvfp4", progress=False, nvfp4_scale="never")
+    ref, a, n = GGUFFile(small), GGUFFile(auto), GGUFFile(never)
+    ta = {t["name"]: t for t in a.tensors()}
+    assert ta["blk.0.ffn_gate_exps.scale"]["shape"] == [8] and ta["output.scale"]["shape"] == [1]
+    assert not any(k.endswith(".scale") for k in _types(never))
+    errs = {"auto": [], "never": []}
+    for t in n.tensors():
+        if t["type"] != "NVFP4":
+            continue
+        x = np.frombuffer(ref.tensor_data(t["name"]), dtype="<f4")
+        s = ta.get(t["name"][:-len(".weight")] + ".scale")
+        kind = ".".join(t["name"].split(".")[2:]) if t["name"].startswith("blk.") else t["name"]
+        assert (s is not None) == (kind in SCALE_KINDS), t["name"]    # llama.cpp refuses any other .scale
+        if s is None:
+            continue
+        sv = np.frombuffer(a.tensor_data(s["name"]), dtype="<f4")
+        ya = quant.dequantize("NVFP4", bytes(a.tensor_data(t["name"])), x.size).reshape(len(sv), -1) * sv[:, None]
+        yn = quant.dequantize("NVFP4", bytes(n.tensor_data(t["name"])), x.size)
+        for key, y in (("auto", ya.reshape(-1)), ("never", yn)):
+            errs[key].append(float(np.sqrt(np.sum((x - y) ** 2) / np.sum(x * x))))
+    ea, en = float(np.mean(errs["auto"])), float(np.mean(errs["never"]))
+    print(f"\nnvfp4 at std/16: mean rel-RMSE {ea:.4f} with .scale, {en:.4f} without")
+    assert max(errs["auto"]) <= REL_BOUND["NVFP4"] and ea < 0.9 * en
+    with pytest.raises(QuantizeError, match="nvfp4-scale"):
+        quantize_file(str(small), str(work / "x.gguf"), "nvfp4", progress=False, nvfp4_scale="sometimes")
 
 
 # ------------------------------------------------------------------------------ (b) readable, metadata
@@ -379,7 +435,8 @@ def _llama_logits(path, prompts) -> np.ndarray:
 
 
 def _dequantized_copy(path, out) -> None:
-    """The same file with every tensor dequantized to F32 (Strata's dequantizer, which matches gguf.quants)."""
+    """The same file with every tensor dequantized to F32 (Strata's dequantizer, which matches gguf.quants)
+    and every `X.scale` multiplied into X.weight (llama.cpp takes a .scale only beside NVFP4 weights)."""
     import gguf
     r, g = gguf.GGUFReader(str(path)), GGUFFile(path)
     w = gguf.GGUFWriter(str(out), "qwen4exp")
@@ -388,8 +445,15 @@ def _dequantized_copy(path, out) -> None:
             continue
         vt = f.types[0]
         w.add_key_value(k, f.contents(), vt, sub_type=f.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+    names = {t["name"] for t in g.tensors()}
     for t in g.tensors():
+        if t["name"].endswith(".scale"):
+            continue
         a = quant.dequantize(t["type"], bytes(g.tensor_data(t["name"])), _values(t))
+        sname = t["name"][:-len(".weight")] + ".scale"
+        if sname in names:
+            sv = np.frombuffer(g.tensor_data(sname), dtype="<f4")
+            a = (a.reshape(len(sv), -1) * sv[:, None]).reshape(-1)
         w.add_tensor(t["name"], a.reshape(list(reversed(t["shape"]))))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -397,10 +461,11 @@ def _dequantized_copy(path, out) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("recipe", ["q8_0", "q4_k_m", "iq2_xs", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["q8_0", "q4_k_m", "iq2_xs", "nvfp4", "nvfp4+scale-always"])
 def test_llama_cpp_top1(made, prompts, ref_top1, work, recipe):
-    """llama.cpp runs the file; (1) its top-1 agrees with transformers fp32 at TOP1_MIN; (2) it reads every
-    block as Strata wrote it: against llama.cpp on the same weights dequantized to F32, the only difference
+    """llama.cpp runs the file; (1) its top-1 agrees with transformers fp32 at TOP1_MIN (with nvfp4 .scale
+    tensors on every weight that takes one, which llama.cpp must multiply in: ignored, the weights would
+    be ~1e4x too large); (2) it reads every block as Strata wrote it: against llama.cpp on the same weights dequantized to F32, the only difference
     left is llama.cpp's own activation quantization in its dot products (measured max |dlogit| 0.10-0.15)."""
     path, _ = made(recipe)
     logits = _llama_logits(path, prompts)

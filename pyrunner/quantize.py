@@ -456,6 +456,8 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
         raise QuantizeError(f"{src}: no such file")
     if os.path.abspath(src) == os.path.abspath(dst):
         raise QuantizeError(f"{dst}: the output must be a different file from the input")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dst))):
+        raise QuantizeError(f"{dst}: its folder does not exist; create it first")
     try:
         f = GGUFFile(src)
         tensors = f.tensors()

@@ -569,6 +569,8 @@ def test_corrupt_or_missing_input(f32, work):
         quantize_file(str(work / "missing.gguf"), str(work / "x.gguf"), "q8_0", progress=False)
     with pytest.raises(QuantizeError, match="different file"):
         quantize_file(str(f32), str(f32), "q8_0", progress=False)
+    with pytest.raises(QuantizeError, match="folder does not exist"):
+        quantize_file(str(f32), str(work / "no" / "x.gguf"), "q8_0", progress=False)
     assert not (work / "x.gguf").exists()
 
 

@@ -392,6 +392,23 @@ def test_split_bf16_input(hf, f32, work):
         assert rel <= REL_BOUND[t["type"]] + 0.005, (t["name"], rel)     # + BF16's own rounding
 
 
+def test_strata_inspect_shows_the_mix(made):
+    """`strata inspect` reads the file and its "weights by type" lines give the shares quantize_file reported."""
+    from click.testing import CliRunner
+
+    from pyrunner.cli import main
+    path, res = made("iq2_xs")
+    r = CliRunner().invoke(main, ["inspect", str(path)])
+    assert r.exit_code == 0, r.output
+    shown = {}
+    for line in r.output.split("weights by type:")[1].strip().splitlines():
+        typ, _, _, pct, _ = line.split()
+        shown[typ] = float(pct) / 100
+    assert shown.keys() == res["share"].keys()
+    for typ, share in res["share"].items():
+        assert shown[typ] == pytest.approx(share, abs=1e-4)
+
+
 def test_plan_matches_file_for_every_recipe(f32):
     ts = gguf_info(f32)["tensors"]
     for recipe in RECIPES:

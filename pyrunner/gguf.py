@@ -28,6 +28,10 @@ def _type_name(t: int) -> str:
         return f"type{t}"
 
 
+class _MappedBytes(np.ndarray):
+    """Bytes of a mapped tensor; holds the GGUFFile whose mapping they are in."""
+
+
 class GGUFFile:
     """An open GGUF (or a split set opened through its first file)."""
 
@@ -117,7 +121,11 @@ class GGUFFile:
         check(lib.strata_gguf_find_tensor(self._g, name.encode(), idx))
         t = ffi.new("strata_gguf_tensor *")
         check(lib.strata_gguf_tensor_info(self._g, idx[0], t))
-        return memoryview(ffi.buffer(t.data, t.size)).toreadonly()
+        if t.size == 0:
+            return memoryview(b"")
+        view = np.frombuffer(ffi.buffer(t.data, t.size), dtype=np.uint8).view(_MappedBytes)
+        view._owner = self  # the mapping lives as long as any view of it
+        return memoryview(view).toreadonly()
 
 
 def gguf_info(path) -> dict:

@@ -529,3 +529,18 @@ def test_float_specials_roundtrip(tmp_path):
     _finish(w)
     md = gguf_info(path)["metadata"]
     assert math.isnan(md["x.nan"]) and md["x.inf"][0] == math.inf and math.copysign(1, md["x.inf"][1]) == -1
+
+
+def test_tensor_data_keeps_the_mapping_alive(tmp_path):
+    # A view of a tensor must stay valid after the GGUFFile object itself is dropped.
+    import gc
+
+    path = tmp_path / "alive.gguf"
+    data = np.arange(4096, dtype=np.float32)
+    w = _writer(path)
+    w.add_tensor("t", data)
+    _finish(w)
+    view = GGUFFile(path).tensor_data("t")
+    gc.collect()
+    assert view.readonly
+    assert np.array_equal(np.frombuffer(bytes(view), dtype=np.float32), data)

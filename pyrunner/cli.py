@@ -87,6 +87,31 @@ def convert(hf_dir, out, outtype, tokenizer_pre, quiet):
     click.echo(f"wrote {out}: {res['tensors']} tensors, {res['bytes'] / 2**20:.2f} MiB ({shares})")
 
 
+@main.command()
+@click.argument("src", metavar="IN.gguf", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dst", metavar="OUT.gguf", type=click.Path(dir_okay=False))
+@click.option("--recipe", required=True, type=click.Choice(["q8_0", "q4_k_m", "iq2_xs", "nvfp4"]),
+              help="Type mix (see pyrunner/quantize.py for each rule and fallback).")
+@click.option("--imatrix", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Importance matrix from llama-imatrix (.dat or GGUF).")
+@click.option("--threads", type=int, default=None, envvar="STRATA_THREADS", help="Quantizer threads (default: all cores).")
+@click.option("--nvfp4-scale", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Whether NVFP4 weights get a per-tensor .scale tensor.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def quantize(src, dst, recipe, imatrix, threads, nvfp4_scale, quiet):
+    """Quantize a GGUF to a recipe's type mix, streaming tensor by tensor; prints the share of
+    weights that got each type."""
+    from .quantize import QuantizeError, format_shares, quantize_file
+
+    try:
+        res = quantize_file(src, dst, recipe, imatrix=imatrix, progress=not quiet, threads=threads,
+                            nvfp4_scale=nvfp4_scale)
+    except (QuantizeError, OSError) as e:
+        raise _fail(e) from None
+    if quiet:
+        click.echo(format_shares(res))
+
+
 @main.group()
 def bench():
     """Benchmarks (they measure; nothing here asserts a speed)."""

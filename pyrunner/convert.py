@@ -702,6 +702,8 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
     """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes}}."""
     import gguf
 
+    from .gguf import writing as gguf_writing
+
     if outtype not in OUTTYPES:
         raise ConvertError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
     if not os.path.isdir(hf_dir):
@@ -718,10 +720,8 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
         t.qtype = choose_type(t, outtype)
         t.nbytes = _nbytes(t.shape, t.qtype)
 
-    tmp = out_path + ".tmp"
-    w = gguf.GGUFWriter(tmp, ARCH, use_temp_file=False)
     # GGUFWriter's constructor already added general.architecture; _metadata adds the rest
-    try:
+    with gguf_writing(out_path, ARCH) as w:
         _metadata(w, cfg, plan, tk, outtype, os.path.basename(os.path.normpath(hf_dir)))
         for t in plan.tensors:
             raw = getattr(gguf.GGMLQuantizationType, t.qtype)
@@ -736,11 +736,4 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
             if log:
                 log(f"[{k + 1:4d}/{len(plan.tensors)}] {t.name:40s} {t.qtype:5s} "
                     f"{{{', '.join(str(d) for d in reversed(t.shape))}}}")
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     return {"tensors": len(plan.tensors), "bytes": os.path.getsize(out_path), "types": types}

@@ -1,6 +1,10 @@
 """gguf.py — GGUF files through the native reader (mapped read-only, validated)."""
 from __future__ import annotations
 
+import contextlib
+import os
+
+import gguf as gguf_py
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -137,3 +141,21 @@ def gguf_info(path) -> dict:
         for t in tensors:
             t.pop("split")
     return {"metadata": f.metadata(), "tensors": tensors}
+
+
+@contextlib.contextmanager
+def writing(path: str, arch: str):
+    """A gguf.GGUFWriter on PATH.tmp that becomes PATH only when the block completes: on any
+    error (or Ctrl-C) the partial file is removed, so a reader never sees half a GGUF. The
+    block adds metadata and tensor infos and writes; closing and renaming happen here."""
+    tmp = f"{path}.tmp"
+    w = gguf_py.GGUFWriter(tmp, arch, use_temp_file=False)
+    try:
+        yield w
+    except BaseException:
+        w.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    w.close()
+    os.replace(tmp, path)

@@ -58,6 +58,7 @@ import numpy as np
 from . import quant
 from ._native import StrataError
 from .gguf import GGUFFile
+from .gguf import writing as gguf_writing
 
 
 class QuantizeError(Exception):
@@ -446,7 +447,7 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
     tensor bytes}, "values": {type: n values}, "value_share": {type: share of all values},
     "types": {tensor name: type}}.
     """
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFReader
 
     if recipe not in RECIPES:
         raise QuantizeError(f"unknown recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
@@ -517,10 +518,8 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
     n_threads = threads or os.cpu_count() or 1
     total = sum(int(np.prod(t["shape"], dtype=np.int64)) for t in tensors if t["name"] not in dropped)
     advance, close = _progress(total, progress)
-    tmp = dst + ".tmp"
-    w = GGUFWriter(tmp, arch, use_temp_file=False)
     try:
-        with ThreadPoolExecutor(n_threads) as pool:
+        with gguf_writing(dst, arch) as w, ThreadPoolExecutor(n_threads) as pool:
             jobs = [_Job(f, t, types[t["name"]], ims.get(t["name"]), pool, n_threads, advance,
                          scales.get(t["name"])) for t in tensors if t["name"] not in dropped]
             jobs = _add_nvfp4_scales(jobs, set(by_name) - dropped, nvfp4_scale)
@@ -538,13 +537,6 @@ def quantize_file(src: str, dst: str, recipe: str, imatrix: str | None = None, p
                 w.write_tensor_data(j)
                 if log:
                     log(f"{j.t['name']:40s} {j.t['type']:>6s} -> {j.out_type}")
-        w.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     finally:
         close()
 

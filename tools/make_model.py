@@ -46,6 +46,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from pyrunner import convert  # noqa: E402
+from pyrunner.gguf import writing as gguf_writing  # noqa: E402
 
 MODELS_DIR = os.path.join(REPO, "models")
 RECIPES = ("f32", "q8_0", "iq2_xs", "nvfp4", "q4_k_m")
@@ -490,9 +491,7 @@ def make_model(preset: str, out_path: str, recipe: str = "f32", seed: int = 0, l
         raise MakeModelError(f"-o {out_path}: needs {info['bytes'] / 2**30:.1f} GiB, only {free / 2**30:.1f} GiB "
                              f"free in {d}")
     tk = build_tokenizer(cfg["vocab_size"], p["n_real_tokens"])
-    tmp = out_path + ".tmp"
-    w = gguf.GGUFWriter(tmp, convert.ARCH, use_temp_file=False)
-    try:
+    with gguf_writing(out_path, convert.ARCH) as w:
         convert._metadata(w, cfg, plan, tk, recipe, f"strata-{p['_name']}")
         w.add_string("strata.preset", p["_name"])
         w.add_uint32("strata.seed", seed)
@@ -507,13 +506,6 @@ def make_model(preset: str, out_path: str, recipe: str = "f32", seed: int = 0, l
             if log:
                 log(f"[{k + 1:4d}/{len(plan.tensors)}] {t.name:40s} {t.qtype:7s} "
                     f"{{{', '.join(str(x) for x in reversed(t.shape))}}}")
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     info["seconds"] = time.time() - t0
     info["file_bytes"] = os.path.getsize(out_path)
     return info

@@ -1,6 +1,6 @@
 """The sanitizer build: libstrata and the native unit tests compiled with AddressSanitizer +
 UndefinedBehaviorSanitizer (STRATA_SANITIZE=ON, in build/asan). Runs the C unit tests under
-CTest, then the native-facing Python suites (block formats, GGUF reader, quantizers, API)
+CTest, then the native-facing Python suites (block formats, GGUF reader, quantizers, tokenizer, API)
 against the sanitized library. Any sanitizer report fails the run."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
-SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py"]
+SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
+          "tests/test_tokenizer.py"]
 
 pytestmark = [
     pytest.mark.slow,
@@ -59,7 +60,8 @@ def test_python_suites_under_sanitizers(asan_build):
     env = _env()
     env.update(LD_PRELOAD=_runtime("libasan.so") + " " + _runtime("libubsan.so"),
                STRATA_LIB=str(asan_build / "libstrata.so"), STRATA_UNDER_SANITIZER="1")
-    suites = [s for s in SUITES if (ROOT / s).exists()]
+    suites = list(SUITES)
+    assert all((ROOT / s).exists() for s in suites), suites
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *suites],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     tail = r.stdout[-6000:] + r.stderr[-3000:]

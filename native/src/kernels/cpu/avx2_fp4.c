@@ -114,12 +114,19 @@ typedef struct {
     __m256 d[4];
 } f4_scales;
 
-/* Scales of the group at p (or in the table wk of a partial group, see q8_blk). */
-static inline void f4_load_scales(f4fmt f, const uint8_t *p, const uint8_t *const *wk, f4_scales *s) {
+/* Scales of the group (nk = 8) or half group (nk = 4: lanes 4..7 then 0) at p (or in the
+ * table wk of a partial group, see q8_blk). */
+static inline void f4_load_scales(f4fmt f, int nk, const uint8_t *p, const uint8_t *const *wk, f4_scales *s) {
     const int ts = f4_ts(f);
-    if (f == F4_IQ4_NL) s->d[0] = q8_load_f16x8(p, ts, 0, wk);
-    else if (f == F4_MXFP4) s->d[0] = e8m0_half8(q8_load_u32x8(p, ts, wk));
-    else ue4m3_half8x4(q8_load_u32x8(p, ts, wk), s->d);
+    if (f == F4_IQ4_NL) {
+        s->d[0] = nk == 4 ? q8_load_f16x4(p, ts, 0, wk) : q8_load_f16x8(p, ts, 0, wk);
+        return;
+    }
+    __m256i v = nk == 4 ? q8_load_u32x4(p, ts, wk) : q8_load_u32x8(p, ts, wk);
+    /* the unused lanes of a half group get E8M0 0x7f, not 0 (a subnormal: see q8_zero_block) */
+    if (f == F4_MXFP4 && nk == 4) v = _mm256_or_si256(v, _mm256_setr_epi32(0, 0, 0, 0, 0x7f, 0x7f, 0x7f, 0x7f));
+    if (f == F4_MXFP4) s->d[0] = e8m0_half8(v);
+    else ue4m3_half8x4(v, s->d);
 }
 
 /* Operands of the block at p: one entry (IQ4_NL, MXFP4) or two (NVFP4). */
@@ -133,16 +140,17 @@ static inline void f4_operands(f4fmt f, const uint8_t *p, __m256i tab, __m256i a
     }
 }
 
-/* The float-part terms (see q8_terms) of 8 blocks against the activations from a (the
- * group's first activation block), or from the tables wk, ak of a short row (see q8_blk).
- * Weights come decoded (w != NULL; several columns) or are decoded here from p (one
- * column: nothing stored and reloaded). */
-static inline q8_terms f4_terms(f4fmt f, const f4_weights *w, const uint8_t *p, const uint8_t *const *wk,
+/* The float-part terms (see q8_terms) of nk = 8 blocks (or a half group of 4: lanes 4..7
+ * then 0) against the activations from a (the group's first activation block), or from the
+ * tables wk, ak of a short row (see q8_blk). Weights come decoded (w != NULL; several
+ * columns) or are decoded here from p (one column: nothing stored and reloaded). */
+static inline q8_terms f4_terms(f4fmt f, int nk, const f4_weights *w, const uint8_t *p, const uint8_t *const *wk,
                                 const f4_scales *s, __m256i tab, __m256i atab, const act_q8_32 *a,
                                 const act_q8_32 *const *ak) {
     const int ne = f == F4_NVFP4 ? 2 : 1; /* entries (activation blocks) per weight block */
     __m256i m[2][8];
-    for (int k = 0; k < 8; k++) {
+    for (int k = nk; k < 8; k++) m[0][k] = m[1][k] = _mm256_setzero_si256();
+    for (int k = 0; k < nk; k++) {
         __m256i wu[2], ws[2];
         if (w) {
             for (int h = 0; h < ne; h++) wu[h] = w->wu[ne * k + h], ws[h] = w->ws[ne * k + h];
@@ -156,9 +164,19 @@ static inline q8_terms f4_terms(f4fmt f, const f4_weights *w, const uint8_t *p, 
     }
     q8_terms t;
     if (f != F4_NVFP4) {
-        /* MXFP4 |values| <= 12: 16 products <= 24384 fit int16; IQ4_NL's up to 127 need 32 bits */
-        const __m256i sumi = f == F4_MXFP4 ? q8_reduce8_i16_16(m[0]) : q8_reduce8_madd(m[0]);
-        t.a0 = _mm256_mul_ps(s->d[0], q8_act_d8(a, ak, 0, 1));
+        /* MXFP4 |values| <= 12: 16 products <= 24384 fit int16; IQ4_NL's up to 127 need 32 bits.
+         * A half group's missing blocks are zero vectors: their lanes come out 0. */
+        __m256i sumi;
+        if (f == F4_MXFP4) {
+            sumi = q8_reduce8_i16_16(m[0]);
+        } else {
+            __m256i p[8];
+            for (int k = 0; k < nk; k++) p[k] = _mm256_madd_epi16(m[0][k], _mm256_set1_epi16(1));
+            sumi = nk == 4 ? q8_reduce4(p) : q8_reduce8(p);
+        }
+        __m256 dx;
+        q8_act_dsn(a, ak, 0, 1, nk, &dx, NULL);
+        t.a0 = _mm256_mul_ps(s->d[0], dx);
         t.b0 = _mm256_cvtepi32_ps(sumi);
         t.a1 = t.b1 = _mm256_setzero_ps();
         return t;
@@ -171,17 +189,96 @@ static inline q8_terms f4_terms(f4fmt f, const f4_weights *w, const uint8_t *p, 
         fi[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
     }
     t.a0 = _mm256_fmadd_ps(s->d[0], fi[0], _mm256_mul_ps(s->d[1], fi[1]));
-    t.b0 = q8_act_d8(a, ak, 0, 2);
+    q8_act_dsn(a, ak, 0, 2, nk, &t.b0, NULL);
     t.a1 = _mm256_fmadd_ps(s->d[2], fi[2], _mm256_mul_ps(s->d[3], fi[3]));
-    t.b1 = q8_act_d8(a, ak, 1, 2);
+    q8_act_dsn(a, ak, 1, 2, nk, &t.b1, NULL);
     return t;
 }
 
-static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, size_t x_stride,
-                              int ncols, float *y) {
+/* The last, partial group of a row (rem = nb % 8 blocks) added to the lanes < rem of acc:
+ * nk blocks from pt (the row's last nk blocks, see q8_rotate) against activation blocks from
+ * xt, or a short row (nb < 8) through the tables wkt, ak. One column. */
+static inline __m256 f4_tail1(f4fmt f, int nk, const uint8_t *pt, const uint8_t *const *wkt, __m256i tab,
+                              __m256i atab, const act_q8_32 *xt, const act_q8_32 *const *ak, int rem, __m256 acc) {
+    const int two = f == F4_NVFP4;
+    f4_scales sc;
+    f4_load_scales(f, nk, pt, wkt, &sc);
+    q8_terms t = f4_terms(f, nk, NULL, pt, wkt, &sc, tab, atab, xt, ak);
+    if (!wkt) t = q8_rotate(t, two, rem, nk);
+    return _mm256_blendv_ps(acc, q8_apply(t, two, acc), q8_lane_mask(rem));
+}
+
+/* The same for nc columns, the weights decoded once. */
+static inline void f4_tailn(f4fmt f, int nk, const uint8_t *pt, const uint8_t *const *wkt, __m256i tab,
+                            __m256i atab, const act_q8_32 *const *xa, int64_t bt, int nc, int rem, __m256 *acc) {
+    const int ts = f4_ts(f), two = f == F4_NVFP4, apb = two ? 2 : 1;
+    const __m256 keep = q8_lane_mask(rem);
+    const act_q8_32 *ak[16];
+    f4_weights g;
+    f4_scales sc;
+    for (int k = 0; k < nk; k++)
+        f4_operands(f, q8_blk(pt, ts, k, wkt), tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
+    f4_load_scales(f, nk, pt, wkt, &sc);
+    for (int c = 0; c < nc; c++) {
+        if (wkt) q8_partial_a(xa[c], rem * apb, ak);
+        q8_terms t = f4_terms(f, nk, &g, NULL, NULL, &sc, tab, atab, xa[c] + bt * apb, wkt ? ak : NULL);
+        if (!wkt) t = q8_rotate(t, two, rem, nk);
+        acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
+    }
+}
+
+/* A row shorter than one group (rem = nb < 8 blocks), one column, read through tables. Out
+ * of line: the tables would otherwise cost every call of f4_vec_dot_1 a stack frame. */
+__attribute__((noinline)) static void f4_short1(f4fmt f, const uint8_t *wp, const act_q8_32 *xa, int rem, float *y) {
+    const int apb = f == F4_NVFP4 ? 2 : 1;
+    const __m256i tab = q8_table16(f4_table(f));
+    const uint8_t *wk[8];
+    const act_q8_32 *ak[16];
+    q8_partial_w(wp, f4_ts(f), rem, wk);
+    q8_partial_a(xa, rem * apb, ak);
+    y[0] = strata_hsum8_avx2(f4_tail1(f, 8, wp, wk, tab, _mm256_abs_epi8(tab), xa, ak, rem, _mm256_setzero_ps()));
+}
+
+/* One column (decode at batch 1): the accumulator stays in a register. Kept apart from the
+ * several-column path, whose arrays need an aligned stack frame that a short row (20 blocks
+ * for 640 values) would pay for on every call. */
+static inline void f4_vec_dot_1(f4fmt f, int64_t n, const void *w, const void *x, float *y) {
     const int ts = f4_ts(f);
     const int bs = f == F4_NVFP4 ? 64 : 32;
     const int apb = bs / 32; /* activation blocks per weight block */
+    const int two = f == F4_NVFP4;
+    const int64_t nb = (int64_t)((uint64_t)n / (uint64_t)bs); /* n >= 0: unsigned division is a shift */
+    const int rem = (int)(nb & 7);
+    const int64_t nfull = nb - rem;
+    const uint8_t *wp = w;
+    const act_q8_32 *xa = x;
+    if (nb < 8) {
+        f4_short1(f, wp, xa, rem, y);
+        return;
+    }
+    const __m256i tab = q8_table16(f4_table(f));
+    const __m256i atab = _mm256_abs_epi8(tab);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nfull; b += 8) {
+        f4_scales sc;
+        f4_load_scales(f, 8, wp + b * ts, NULL, &sc);
+        acc = q8_apply(f4_terms(f, 8, NULL, wp + b * ts, NULL, &sc, tab, atab, xa + b * apb, NULL), two, acc);
+    }
+    /* A row ending in a partial group ends with a group of its last 8 blocks, or of its last
+     * 4 (a half group) when rem <= 4 (q8_rotate). rem == 4, the 20-block rows of 640 values,
+     * gets its own copy with constants: no rotation, a fixed lane mask. */
+    if (rem == 4) acc = f4_tail1(f, 4, wp + (nb - 4) * ts, NULL, tab, atab, xa + (nb - 4) * apb, NULL, 4, acc);
+    else if (rem && rem < 4) acc = f4_tail1(f, 4, wp + (nb - 4) * ts, NULL, tab, atab, xa + (nb - 4) * apb, NULL, rem, acc);
+    else if (rem) acc = f4_tail1(f, 8, wp + (nb - 8) * ts, NULL, tab, atab, xa + (nb - 8) * apb, NULL, rem, acc);
+    y[0] = strata_hsum8_avx2(acc);
+}
+
+/* Several columns: each group of weights decoded once, applied to up to F4_MAX_COLS columns. */
+__attribute__((noinline)) static void f4_vec_dot_n(f4fmt f, int64_t n, const void *w, const void *x,
+                                                   size_t x_stride, int ncols, float *y) {
+    const int ts = f4_ts(f);
+    const int bs = f == F4_NVFP4 ? 64 : 32;
+    const int apb = bs / 32;
     const int two = f == F4_NVFP4;
     const int64_t nb = n / bs;
     const int rem = (int)(nb % 8);
@@ -190,33 +287,14 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
     const __m256i tab = q8_table16(f4_table(f));
     const __m256i atab = _mm256_abs_epi8(tab);
     const uint8_t *wk[8];
-    const act_q8_32 *ak[16];
-    /* Rows ending in a partial group: with nb >= 8 the last group is the row's last 8 blocks
-     * (q8_rotate), shorter rows read through tables (q8_blk). */
-    const int64_t bt = nb >= 8 ? nb - 8 : 0;
+    /* the partial group as in f4_vec_dot_1; rows shorter than a group read through tables
+     * (q8_blk) */
+    const int half = nb >= 8 && rem <= 4;
+    const int64_t bt = nb >= 8 ? nb - (half ? 4 : 8) : 0;
     const uint8_t *pt = wp + bt * ts;
     if (rem && nb < 8) q8_partial_w(wp, ts, rem, wk);
     const uint8_t *const *wkt = rem && nb < 8 ? wk : NULL;
-    const __m256 keep = q8_lane_mask(rem);
     f4_scales sc;
-    if (ncols == 1) {
-        /* one column (decode at batch 1): the accumulator stays in a register */
-        const act_q8_32 *xa = x;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nfull; b += 8) {
-            f4_load_scales(f, wp + b * ts, NULL, &sc);
-            acc = q8_apply(f4_terms(f, NULL, wp + b * ts, NULL, &sc, tab, atab, xa + b * apb, NULL), two, acc);
-        }
-        if (rem) {
-            if (wkt) q8_partial_a(xa, rem * apb, ak);
-            f4_load_scales(f, pt, wkt, &sc);
-            q8_terms t = f4_terms(f, NULL, pt, wkt, &sc, tab, atab, xa + bt * apb, wkt ? ak : NULL);
-            if (!wkt) t = q8_rotate(t, two, rem);
-            acc = _mm256_blendv_ps(acc, q8_apply(t, two, acc), keep);
-        }
-        y[0] = strata_hsum8_avx2(acc);
-        return;
-    }
     for (int c0 = 0; c0 < ncols; c0 += F4_MAX_COLS) {
         const int nc = ncols - c0 < F4_MAX_COLS ? ncols - c0 : F4_MAX_COLS;
         const act_q8_32 *xa[F4_MAX_COLS];
@@ -229,23 +307,22 @@ static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, 
         for (int64_t b = 0; b < nfull; b += 8) {
             const uint8_t *p = wp + b * ts;
             for (int k = 0; k < 8; k++) f4_operands(f, p + k * ts, tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
-            f4_load_scales(f, p, NULL, &sc);
+            f4_load_scales(f, 8, p, NULL, &sc);
             for (int c = 0; c < nc; c++)
-                acc[c] = q8_apply(f4_terms(f, &g, NULL, NULL, &sc, tab, atab, xa[c] + b * apb, NULL), two, acc[c]);
+                acc[c] = q8_apply(f4_terms(f, 8, &g, NULL, NULL, &sc, tab, atab, xa[c] + b * apb, NULL), two, acc[c]);
         }
         if (rem) {
-            for (int k = 0; k < 8; k++)
-                f4_operands(f, q8_blk(pt, ts, k, wkt), tab, atab, &g.wu[k * apb], &g.ws[k * apb]);
-            f4_load_scales(f, pt, wkt, &sc);
-            for (int c = 0; c < nc; c++) {
-                if (wkt) q8_partial_a(xa[c], rem * apb, ak);
-                q8_terms t = f4_terms(f, &g, NULL, NULL, &sc, tab, atab, xa[c] + bt * apb, wkt ? ak : NULL);
-                if (!wkt) t = q8_rotate(t, two, rem);
-                acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
-            }
+            if (half) f4_tailn(f, 4, pt, NULL, tab, atab, xa, bt, nc, rem, acc);
+            else f4_tailn(f, 8, pt, wkt, tab, atab, xa, bt, nc, rem, acc);
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);
     }
+}
+
+static inline void f4_vec_dot(f4fmt f, int64_t n, const void *w, const void *x, size_t x_stride,
+                              int ncols, float *y) {
+    if (ncols == 1) f4_vec_dot_1(f, n, w, x, y);
+    else f4_vec_dot_n(f, n, w, x, x_stride, ncols, y);
 }
 
 void strata_avx2_vec_dot_iq4_nl(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {

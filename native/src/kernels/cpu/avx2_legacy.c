@@ -100,15 +100,16 @@ static inline void ql_block_operands(qlfmt f, const uint8_t *p, __m256i *wu, __m
     }
 }
 
-/* The float-part terms (see q8_terms) of 8 blocks against activation blocks a[0..7], or the
- * tables wk, ak of a short row (see q8_blk). The weights come decoded (w != NULL; several
- * columns) or are decoded here from p (one column: nothing is stored and reloaded). d, m:
- * lane k = scale and min of block k. */
-static inline q8_terms ql_terms(qlfmt f, const ql_weights *w, const uint8_t *p, const uint8_t *const *wk,
+/* The float-part terms (see q8_terms) of nk = 8 blocks (or a half group of 4: lanes 4..7
+ * then 0) against activation blocks a[0..nk-1], or the tables wk, ak of a short row (see
+ * q8_blk). The weights come decoded (w != NULL; several columns) or are decoded here from p
+ * (one column: nothing is stored and reloaded). d, m: lane k = scale and min of block k. */
+static inline q8_terms ql_terms(qlfmt f, int nk, const ql_weights *w, const uint8_t *p, const uint8_t *const *wk,
                                 __m256 d, __m256 m, const act_q8_32 *a, const act_q8_32 *const *ak) {
     const int ts = ql_ts(f);
     __m256i pk[8];
-    for (int k = 0; k < 8; k++) {
+    for (int k = nk; k < 8; k++) pk[k] = _mm256_setzero_si256();
+    for (int k = 0; k < nk; k++) {
         __m256i wu, ws = _mm256_setzero_si256();
         if (w) {
             wu = w->wu[k];
@@ -120,12 +121,14 @@ static inline q8_terms ql_terms(qlfmt f, const ql_weights *w, const uint8_t *p, 
         pk[k] = f == QL_Q8_0 ? q8_dot_s8(wu, ws, y) : _mm256_maddubs_epi16(wu, y);
     }
     /* |codes| <= 15 (Q4) keep 16 products within 15 * 127 * 16 = 30480: those sums fit
-     * int16. Q5 (16 products up to 62992) sums in 32 bits; Q8_0's madd is in q8_dot_s8. */
-    __m256i sumi = f == QL_Q8_0 ? q8_reduce8(pk)
-                 : (f == QL_Q4_0 || f == QL_Q4_1) ? q8_reduce8_i16_16(pk) : q8_reduce8_madd(pk);
+     * int16. Q5 (16 products up to 62992) sums in 32 bits; Q8_0's madd is in q8_dot_s8.
+     * A half group's missing blocks are zero vectors: their lanes come out 0. */
+    if (f != QL_Q8_0 && f != QL_Q4_0 && f != QL_Q4_1)
+        for (int k = 0; k < nk; k++) pk[k] = _mm256_madd_epi16(pk[k], _mm256_set1_epi16(1));
+    __m256i sumi = f == QL_Q4_0 || f == QL_Q4_1 ? q8_reduce8_i16_16(pk) : nk == 4 ? q8_reduce4(pk) : q8_reduce8(pk);
     __m256 dx;
     __m256i sumy = _mm256_setzero_si256();
-    q8_act_ds8(a, ak, 0, 1, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);
+    q8_act_dsn(a, ak, 0, 1, nk, &dx, ql_offset(f) || ql_has_min(f) ? &sumy : NULL);
     if (ql_offset(f)) sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(sumy, _mm256_set1_epi32(ql_offset(f))));
     q8_terms t;
     t.a0 = _mm256_mul_ps(d, dx);
@@ -139,14 +142,91 @@ static inline q8_terms ql_terms(qlfmt f, const ql_weights *w, const uint8_t *p, 
     return t;
 }
 
-/* The scales (and mins) of the group at p (or in the table wk). */
-static inline void ql_scales(qlfmt f, const uint8_t *p, const uint8_t *const *wk, __m256 *d, __m256 *m) {
+/* The scales (and mins) of the group (nk = 8) or half group (nk = 4) at p (or in the table wk). */
+static inline void ql_scales(qlfmt f, int nk, const uint8_t *p, const uint8_t *const *wk, __m256 *d, __m256 *m) {
+    if (nk == 4) {
+        *d = q8_load_f16x4(p, ql_ts(f), 0, wk);
+        *m = ql_has_min(f) ? q8_load_f16x4(p, ql_ts(f), 2, wk) : _mm256_setzero_ps();
+        return;
+    }
     *d = q8_load_f16x8(p, ql_ts(f), 0, wk);
     *m = ql_has_min(f) ? q8_load_f16x8(p, ql_ts(f), 2, wk) : _mm256_setzero_ps();
 }
 
-static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
-                              int ncols, float *y) {
+/* The last, partial group of a row (rem = nb % 8 blocks) added to the lanes < rem of acc:
+ * nk blocks from pt (the row's last nk blocks, see q8_rotate) against activation blocks from
+ * xt, or a short row (nb < 8) through the tables wkt, ak. One column. */
+static inline __m256 ql_tail1(qlfmt f, int nk, const uint8_t *pt, const uint8_t *const *wkt,
+                              const act_q8_32 *xt, const act_q8_32 *const *ak, int rem, __m256 acc) {
+    const int two = ql_has_min(f);
+    __m256 d, m;
+    ql_scales(f, nk, pt, wkt, &d, &m);
+    q8_terms t = ql_terms(f, nk, NULL, pt, wkt, d, m, xt, ak);
+    if (!wkt) t = q8_rotate(t, two, rem, nk);
+    return _mm256_blendv_ps(acc, q8_apply(t, two, acc), q8_lane_mask(rem));
+}
+
+/* The same for nc columns, the weights decoded once. */
+static inline void ql_tailn(qlfmt f, int nk, const uint8_t *pt, const uint8_t *const *wkt,
+                            const act_q8_32 *const *xa, int64_t bt, int nc, int rem, __m256 *acc) {
+    const int ts = ql_ts(f), two = ql_has_min(f);
+    const __m256 keep = q8_lane_mask(rem);
+    const act_q8_32 *ak[16];
+    ql_weights g;
+    __m256 d, m;
+    for (int k = 0; k < nk; k++) ql_block_operands(f, q8_blk(pt, ts, k, wkt), &g.wu[k], &g.ws[k]);
+    ql_scales(f, nk, pt, wkt, &d, &m);
+    for (int c = 0; c < nc; c++) {
+        if (wkt) q8_partial_a(xa[c], rem, ak);
+        q8_terms t = ql_terms(f, nk, &g, NULL, NULL, d, m, xa[c] + bt, wkt ? ak : NULL);
+        if (!wkt) t = q8_rotate(t, two, rem, nk);
+        acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
+    }
+}
+
+/* A row shorter than one group (rem = nb < 8 blocks), one column, read through tables. Out
+ * of line: the tables would otherwise cost every call of ql_vec_dot_1 a stack frame. */
+__attribute__((noinline)) static void ql_short1(qlfmt f, const uint8_t *wp, const act_q8_32 *xa, int rem, float *y) {
+    const uint8_t *wk[8];
+    const act_q8_32 *ak[16];
+    q8_partial_w(wp, ql_ts(f), rem, wk);
+    q8_partial_a(xa, rem, ak);
+    y[0] = strata_hsum8_avx2(ql_tail1(f, 8, wp, wk, xa, ak, rem, _mm256_setzero_ps()));
+}
+
+/* One column (decode at batch 1): the accumulator stays in a register. Kept apart from the
+ * several-column path, whose arrays need an aligned stack frame that a short row (20 blocks
+ * for 640 values) would pay for on every call. */
+static inline void ql_vec_dot_1(qlfmt f, int64_t n, const void *w, const void *x, float *y) {
+    const int ts = ql_ts(f);
+    const int two = ql_has_min(f);
+    const int64_t nb = (int64_t)((uint64_t)n / 32); /* n >= 0: unsigned division is a shift */
+    const int rem = (int)(nb & 7);
+    const int64_t nfull = nb - rem;
+    const uint8_t *wp = w;
+    const act_q8_32 *xa = x;
+    if (nb < 8) {
+        ql_short1(f, wp, xa, rem, y);
+        return;
+    }
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nfull; b += 8) {
+        __m256 d, m;
+        ql_scales(f, 8, wp + b * ts, NULL, &d, &m);
+        acc = q8_apply(ql_terms(f, 8, NULL, wp + b * ts, NULL, d, m, xa + b, NULL), two, acc);
+    }
+    /* A row ending in a partial group ends with a group of its last 8 blocks, or of its last
+     * 4 (a half group) when rem <= 4 (q8_rotate). rem == 4, the 20-block rows of 640 values,
+     * gets its own copy with constants: no rotation, a fixed lane mask. */
+    if (rem == 4) acc = ql_tail1(f, 4, wp + (nb - 4) * ts, NULL, xa + nb - 4, NULL, 4, acc);
+    else if (rem && rem < 4) acc = ql_tail1(f, 4, wp + (nb - 4) * ts, NULL, xa + nb - 4, NULL, rem, acc);
+    else if (rem) acc = ql_tail1(f, 8, wp + (nb - 8) * ts, NULL, xa + nb - 8, NULL, rem, acc);
+    y[0] = strata_hsum8_avx2(acc);
+}
+
+/* Several columns: each group of weights decoded once, applied to up to QL_MAX_COLS columns. */
+__attribute__((noinline)) static void ql_vec_dot_n(qlfmt f, int64_t n, const void *w, const void *x,
+                                                   size_t x_stride, int ncols, float *y) {
     const int ts = ql_ts(f);
     const int two = ql_has_min(f);
     const int64_t nb = n / 32;
@@ -154,33 +234,14 @@ static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, 
     const int64_t nfull = nb - rem;
     const uint8_t *wp = w;
     const uint8_t *wk[8];
-    const act_q8_32 *ak[16];
-    /* Rows ending in a partial group: with nb >= 8 the last group is the row's last 8 blocks
-     * (q8_rotate), shorter rows read through tables (q8_blk). */
-    const int64_t bt = nb >= 8 ? nb - 8 : 0;
+    /* the partial group as in ql_vec_dot_1; rows shorter than a group read through tables
+     * (q8_blk) */
+    const int half = nb >= 8 && rem <= 4;
+    const int64_t bt = nb >= 8 ? nb - (half ? 4 : 8) : 0;
     const uint8_t *pt = wp + bt * ts;
     if (rem && nb < 8) q8_partial_w(wp, ts, rem, wk);
     const uint8_t *const *wkt = rem && nb < 8 ? wk : NULL;
-    const __m256 keep = q8_lane_mask(rem);
     __m256 d, m;
-    if (ncols == 1) {
-        /* one column (decode at batch 1): the accumulator stays in a register */
-        const act_q8_32 *xa = x;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nfull; b += 8) {
-            ql_scales(f, wp + b * ts, NULL, &d, &m);
-            acc = q8_apply(ql_terms(f, NULL, wp + b * ts, NULL, d, m, xa + b, NULL), two, acc);
-        }
-        if (rem) {
-            if (wkt) q8_partial_a(xa, rem, ak);
-            ql_scales(f, pt, wkt, &d, &m);
-            q8_terms t = ql_terms(f, NULL, pt, wkt, d, m, xa + bt, wkt ? ak : NULL);
-            if (!wkt) t = q8_rotate(t, two, rem);
-            acc = _mm256_blendv_ps(acc, q8_apply(t, two, acc), keep);
-        }
-        y[0] = strata_hsum8_avx2(acc);
-        return;
-    }
     for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
         const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
         const act_q8_32 *xa[QL_MAX_COLS];
@@ -193,22 +254,22 @@ static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, 
         for (int64_t b = 0; b < nfull; b += 8) {
             const uint8_t *p = wp + b * ts;
             for (int k = 0; k < 8; k++) ql_block_operands(f, p + k * ts, &g.wu[k], &g.ws[k]);
-            ql_scales(f, p, NULL, &d, &m);
+            ql_scales(f, 8, p, NULL, &d, &m);
             for (int c = 0; c < nc; c++)
-                acc[c] = q8_apply(ql_terms(f, &g, NULL, NULL, d, m, xa[c] + b, NULL), two, acc[c]);
+                acc[c] = q8_apply(ql_terms(f, 8, &g, NULL, NULL, d, m, xa[c] + b, NULL), two, acc[c]);
         }
         if (rem) {
-            for (int k = 0; k < 8; k++) ql_block_operands(f, q8_blk(pt, ts, k, wkt), &g.wu[k], &g.ws[k]);
-            ql_scales(f, pt, wkt, &d, &m);
-            for (int c = 0; c < nc; c++) {
-                if (wkt) q8_partial_a(xa[c], rem, ak);
-                q8_terms t = ql_terms(f, &g, NULL, NULL, d, m, xa[c] + bt, wkt ? ak : NULL);
-                if (!wkt) t = q8_rotate(t, two, rem);
-                acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
-            }
+            if (half) ql_tailn(f, 4, pt, NULL, xa, bt, nc, rem, acc);
+            else ql_tailn(f, 8, pt, wkt, xa, bt, nc, rem, acc);
         }
         for (int c = 0; c < nc; c++) y[c0 + c] = strata_hsum8_avx2(acc[c]);
     }
+}
+
+static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
+                              int ncols, float *y) {
+    if (ncols == 1) ql_vec_dot_1(f, n, w, x, y);
+    else ql_vec_dot_n(f, n, w, x, x_stride, ncols, y);
 }
 
 void strata_avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {

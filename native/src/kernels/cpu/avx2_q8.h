@@ -52,11 +52,15 @@ static inline __m256i q8_reduce8(const __m256i p[8]) {
     return _mm256_add_epi32(lo, hi);
 }
 
-/* Lane k = the total of block k from maddubs outputs m[k], summed in 32 bits (any range). */
-static inline __m256i q8_reduce8_madd(const __m256i m[8]) {
-    __m256i p[8];
-    for (int k = 0; k < 8; k++) p[k] = _mm256_madd_epi16(m[k], _mm256_set1_epi16(1));
-    return q8_reduce8(p);
+/* Half group: lane k (k < 4) = the sum of all eight lanes of p[k]; lanes 4..7 = 0. Same
+ * unpack steps as q8_reduce8_halves on blocks 0..3 only; the two 128-bit halves then hold the
+ * two 16-value halves of each block. */
+static inline __m256i q8_reduce4(const __m256i p[4]) {
+    __m256i r[2];
+    for (int i = 0; i < 2; i++)
+        r[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+    const __m256i q = _mm256_add_epi32(_mm256_unpacklo_epi64(r[0], r[1]), _mm256_unpackhi_epi64(r[0], r[1]));
+    return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
 }
 
 /* Where a group's blocks are: weight block k at p + k * ts and activation block i at a + i,
@@ -104,6 +108,26 @@ static inline void q8_act_ds8(const act_q8_32 *y, const act_q8_32 *const *yk, in
     if (sum) *sum = _mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* The same for a half group (blocks first, first + step, ..., first + 3 * step in lanes
+ * 0..3; lanes 4..7 = 0). */
+static inline void q8_act_ds4(const act_q8_32 *y, const act_q8_32 *const *yk, int first, int step,
+                              __m256 *d, __m256i *sum) {
+#define Q8_DS2(i, j) _mm_castpd_ps(_mm_loadh_pd(                                                      \
+        _mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)q8_act_blk(y, first + (i) * step, yk))),  \
+        (const double *)q8_act_blk(y, first + (j) * step, yk)))
+    const __m128 a = Q8_DS2(0, 1), b = Q8_DS2(2, 3);
+#undef Q8_DS2
+    *d = _mm256_zextps128_ps256(_mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    if (sum) *sum = _mm256_zextsi128_si256(_mm_castps_si128(_mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+/* nk = 8: q8_act_ds8; nk = 4: q8_act_ds4 (nk is a constant at every call). */
+static inline void q8_act_dsn(const act_q8_32 *y, const act_q8_32 *const *yk, int first, int step, int nk,
+                              __m256 *d, __m256i *sum) {
+    if (nk == 4) q8_act_ds4(y, yk, first, step, d, sum);
+    else q8_act_ds8(y, yk, first, step, d, sum);
+}
+
 static inline __m256 q8_act_d8(const act_q8_32 *y, const act_q8_32 *const *yk, int first, int step) {
     __m256 d;
     q8_act_ds8(y, yk, first, step, &d, NULL);
@@ -127,6 +151,24 @@ static inline __m256 q8_load_f16x8(const uint8_t *p, int ts, int off, const uint
     for (int k = 0; k < 8; k++) v[k / 4] |= (uint64_t)strata_rd_u16(q8_blk(p, ts, k, wk) + off) << (16 * (k % 4));
     __asm__("" : "+r"(v[0]), "+r"(v[1]));
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)v[1], (long long)v[0]));
+}
+
+/* Half group: lane k < 4 = the F16 at byte off of weight block k; lanes 4..7 = 0. */
+static inline __m256 q8_load_f16x4(const uint8_t *p, int ts, int off, const uint8_t *const *wk) {
+    uint64_t v = 0;
+    for (int k = 0; k < 4; k++) v |= (uint64_t)strata_rd_u16(q8_blk(p, ts, k, wk) + off) << (16 * k);
+    __asm__("" : "+r"(v));
+    return _mm256_zextps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)v)));
+}
+
+/* Half group: lane k < 4 = the 4 bytes at the start of weight block k; lanes 4..7 = 0. */
+static inline __m256i q8_load_u32x4(const uint8_t *p, int ts, const uint8_t *const *wk) {
+    uint64_t v[2];
+    for (int k = 0; k < 2; k++)
+        v[k] = (uint64_t)strata_rd_u32(q8_blk(p, ts, 2 * k, wk)) |
+               (uint64_t)strata_rd_u32(q8_blk(p, ts, 2 * k + 1, wk)) << 32;
+    __asm__("" : "+r"(v[0]), "+r"(v[1]));
+    return _mm256_zextsi128_si256(_mm_set_epi64x((long long)v[1], (long long)v[0]));
 }
 
 /* 16 packed bytes -> 32 nibble codes: low nibbles first (values 0..15), then high nibbles
@@ -173,13 +215,15 @@ static inline __m256 q8_apply(q8_terms t, int two, __m256 acc) {
     return two ? _mm256_fmadd_ps(t.a1, t.b1, acc) : acc;
 }
 
-/* A row of nb >= 8 blocks whose last rem = nb % 8 blocks do not fill a group ends with the
- * group of its last 8 blocks (overlapping the previous one): its lane k holds block
- * nb - 8 + k. The new blocks nb - rem + j belong in lane j, i.e. lane j takes lane
- * j + 8 - rem; the caller keeps lanes < rem only. */
-static inline q8_terms q8_rotate(q8_terms t, int two, int rem) {
+/* A row of nb >= 8 blocks whose last rem = nb % 8 blocks do not fill a group ends with a
+ * group of its last nk blocks (nk = 8, or a half group of 4 when rem <= 4; overlapping the
+ * previous group where rem < nk): its lane k holds block nb - nk + k. The new blocks
+ * nb - rem + j belong in lane j, i.e. lane j takes lane (j + nk - rem) % nk; the caller keeps
+ * lanes < rem only. */
+static inline q8_terms q8_rotate(q8_terms t, int two, int rem, int nk) {
+    if (rem == nk) return t;
     const __m256i idx = _mm256_and_si256(_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                          _mm256_set1_epi32(8 - rem)), _mm256_set1_epi32(7));
+                                                          _mm256_set1_epi32(nk - rem)), _mm256_set1_epi32(nk - 1));
     t.a0 = _mm256_permutevar8x32_ps(t.a0, idx);
     t.b0 = _mm256_permutevar8x32_ps(t.b0, idx);
     if (two) {

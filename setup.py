@@ -1,5 +1,6 @@
 """setup.py — drives CMake for native/ and places libstrata.so (and strata.h, which the
-binding reads) inside the pyrunner package. Everything else is in pyproject.toml.
+binding reads, and the models/ presets, from which pyrunner.models builds the default model) inside
+the pyrunner package. Everything else is in pyproject.toml.
 
 Extra CMake arguments: STRATA_CMAKE_ARGS="-DSTRATA_CUDA=OFF ..." in the environment.
 """
@@ -37,6 +38,10 @@ class CMakeBuild(build_ext):
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(build_dir / "libstrata.so", dest)
             shutil.copyfile(ROOT / "native" / "include" / "strata.h", dest.parent / "strata.h")
+            # the model presets, so that an installed strata can build its default demo model
+            (dest.parent / "presets").mkdir(exist_ok=True)
+            for preset in (ROOT / "models").glob("*.json"):
+                shutil.copyfile(preset, dest.parent / "presets" / preset.name)
 
 
 setup(ext_modules=[Extension("pyrunner.libstrata", sources=[])], cmdclass={"build_ext": CMakeBuild})

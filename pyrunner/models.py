@@ -42,6 +42,7 @@ import os
 import tempfile
 import time
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -239,12 +240,18 @@ def random_float(name: str, shape: tuple, seed: int) -> np.ndarray:
     return (g.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(fan_in)))
 
 
+class _RandomEntry(NamedTuple):
+    """What the converter reads of a checkpoint entry: its shape and its stored dtype (floats here)."""
+    shape: tuple
+    dtype: str = "F32"
+
+
 class RandomCheckpoint:
     """Duck-types pyrunner.convert.Checkpoint: transformers names and shapes, random values made on demand
     (the last tensor is kept, so the converter's per-expert slices do not regenerate it)."""
 
     def __init__(self, shapes: dict[str, tuple], ints: dict[str, list[int]], seed: int):
-        self.entries = shapes
+        self.entries = {n: _RandomEntry(tuple(sh)) for n, sh in shapes.items()}
         self._ints, self.seed = ints, seed
         self._last: tuple[str, np.ndarray] | None = None
 
@@ -252,11 +259,11 @@ class RandomCheckpoint:
         return name in self.entries
 
     def shape(self, name):
-        return self.entries[name]
+        return self.entries[name].shape
 
     def f32(self, name, index=None):
         if self._last is None or self._last[0] != name:
-            shape = self.entries[name]
+            shape = self.entries[name].shape
             if math.prod(shape) > MAX_FLOAT_VALUES:
                 raise MakeModelError(f"{name} {shape} is too large to generate as floats; use a quantized recipe "
                                      f"(this preset writes quantized blocks directly)")

@@ -278,6 +278,68 @@ strata_status strata_tokenizer_decode(const strata_tokenizer *tok, const int32_t
                                       uint64_t n_ids, char *buf, uint64_t capacity,
                                       uint64_t *len);
 
+/* ---------------------------------------------------------------- model and sessions */
+/* A qwen4exp model loaded from a GGUF (llama.cpp's layout; single file or split set). Weights
+ * stay in the read-only mapping; the model owns a worker pool. One model serves any number of
+ * sessions; each session holds one sequence's state. Calls on different sessions of one model
+ * may run concurrently from different threads (their kernels take turns on the pool); calls on
+ * one session must not overlap. */
+typedef struct strata_model strata_model;
+typedef struct strata_session strata_session;
+
+typedef enum strata_kv_type {
+    STRATA_KV_F32 = 0,   /* exact; parity tests */
+    STRATA_KV_F16 = 1,   /* default: ~2e-3 on logits against fp32 */
+    STRATA_KV_INT8 = 2   /* int8 codes with one scale per token and head */
+} strata_kv_type;
+
+typedef struct strata_model_params {
+    int32_t n_threads;   /* threads including the caller; 0 = one per online core */
+    int64_t n_ctx;       /* tokens a session can hold; default 32768 */
+    int32_t kv_type;     /* strata_kv_type; default STRATA_KV_F16 */
+    int32_t n_ubatch;    /* tokens per internal forward step (a longer eval is split); default 512 */
+} strata_model_params;
+strata_model_params strata_model_default_params(void);
+
+typedef struct strata_model_info {
+    int64_t n_vocab;
+    int64_t n_embd;
+    int32_t n_layer;
+    int32_t n_threads;
+    int64_t n_ctx;
+    int64_t n_ctx_train;
+    int32_t kv_type;
+    int32_t n_expert;
+    int32_t n_expert_used;
+    int32_t ple_layer;      /* -1: no PLE */
+    uint64_t weight_bytes;  /* bytes of tensor data */
+    uint64_t state_bytes;   /* bytes of one session's state at n_ctx (allocated lazily) */
+} strata_model_info;
+
+/* Opens the GGUF, checks every hyperparameter and tensor against the qwen4exp contract, and
+ * binds the weights. Fails with FORMAT (message names the key or tensor) or UNSUPPORTED. */
+strata_status strata_model_load(const char *path, const strata_model_params *params,
+                                strata_model **out);
+/* No session of m may be alive. NULL is allowed. */
+void strata_model_free(strata_model *m);
+strata_status strata_model_get_info(const strata_model *m, strata_model_info *out);
+/* The model's GGUF (metadata, tokenizer arrays); valid while m lives. */
+const strata_gguf *strata_model_gguf(const strata_model *m);
+
+strata_status strata_session_init(strata_model *m, strata_session **out);
+void strata_session_free(strata_session *s);
+/* Forgets the sequence: n_past = 0. */
+void strata_session_reset(strata_session *s);
+int64_t strata_session_n_past(const strata_session *s);
+/* Runs n_ids tokens after the session's n_past tokens and advances n_past by n_ids.
+ * logits: all_logits == 0: n_vocab floats (the last position); otherwise n_ids x n_vocab.
+ * logits_capacity counts floats; BUFFER_TOO_SMALL if short (nothing is run). logits may be
+ * NULL (capacity 0) to only advance the state. Fails with INVALID_ARG (an id >= n_vocab, or
+ * n_past + n_ids > n_ctx) before touching the state; after any other failure the session's
+ * state is undefined: reset it. */
+strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids,
+                                  int32_t all_logits, float *logits, uint64_t logits_capacity);
+
 /* ---------------------------------------------------------------- devices */
 
 /* Number of usable CUDA devices (0 without a driver or GPU, or in a build without CUDA);

@@ -1,0 +1,254 @@
+/*
+ * gdn.c — Gated DeltaNet, the `linear_attention` mixer (spec §7).
+ *
+ * Projections qkv = [q | k | v] (contiguous), z, b, a; a causal depthwise conv (Kc taps, silu)
+ * over the qkv channels, fed from the session's last Kc-1 rows; per value head h (GGUF tiled
+ * order: key head h % Gk) the delta rule on an fp32 state S[dk][dv]:
+ *     S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq        (q, k l2-normalised, q · dk^-½)
+ * with β = σ(b) and g = ssm_a · softplus(a + dt_bias); then o ← rms(o) · w · act(z) and W_out.
+ *
+ * Two forms with the same numbers (in exact arithmetic; they differ by rounding only):
+ *   - the recurrence above, token by token: decode and short evals;
+ *   - the chunked form (spec §7.6) over 64-token chunks for prefill: within a chunk the
+ *     recurrence is solved as a unit-lower-triangular system, so the work becomes small dense
+ *     products that use the caches and vector units better than a per-token state sweep.
+ * Heads are independent: tasks on the pool are value heads.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+enum { GDN_CHUNK = 64, GDN_CHUNK_MIN_TOKENS = 32 };
+
+typedef struct {
+    const strata_model *m;
+    const mdl_layer *l;
+    float *S;             /* [Gv][dk][dv] */
+    const float *qn, *kn; /* L x Gk x dk, normalised (q also scaled) */
+    const float *cv;      /* L x conv_dim, conv output (v at offset 2*Gk*dk) */
+    const float *beta, *g;/* L x Gv */
+    float *o;             /* L x Gv*dv */
+    int64_t L;
+    int chunked;
+} gdn_job;
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void head_recurrent(const gdn_job *J, int h, float *S) {
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
+    const int64_t CD = 2 * Gk * dk + Gv * dv;
+    const int kh = (int)(h % Gk);
+    float pred[1024], delta[1024];
+    for (int64_t t = 0; t < J->L; t++) {
+        const float *q = J->qn + (t * Gk + kh) * dk, *k = J->kn + (t * Gk + kh) * dk;
+        const float *v = J->cv + t * CD + 2 * Gk * dk + h * dv;
+        const float eg = expf(J->g[t * Gv + h]), beta = J->beta[t * Gv + h];
+        for (int64_t j = 0; j < dv; j++) pred[j] = 0.0f;
+        for (int64_t i = 0; i < dk; i++) {
+            float *Si = S + i * dv;
+            const float ki = k[i];
+            for (int64_t j = 0; j < dv; j++) {
+                Si[j] *= eg;
+                pred[j] += Si[j] * ki;
+            }
+        }
+        for (int64_t j = 0; j < dv; j++) delta[j] = (v[j] - pred[j]) * beta;
+        float *o = J->o + t * Gv * dv + h * dv;
+        for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
+        for (int64_t i = 0; i < dk; i++) {
+            float *Si = S + i * dv;
+            const float ki = k[i], qi = q[i];
+            for (int64_t j = 0; j < dv; j++) {
+                Si[j] += ki * delta[j];
+                o[j] += Si[j] * qi;
+            }
+        }
+    }
+}
+
+/* Chunked form of the same recurrence (spec §7.6), chunk C: with γ the running sum of g inside
+ * the chunk, A_ij = β_i (k_i·k_j) e^{γ_i−γ_j} (j < i), solve (I + A) U = β V and
+ * (I + A) W = β e^γ K by forward substitution; V' = U − W S; O = e^γ Q S + [(Q Kᵀ) ⊙ e^{γ_i−γ_j}]_{j≤i} V';
+ * S ← e^{γ_C} S + (e^{γ_C−γ} K)ᵀ V'. */
+static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
+    const int64_t CD = 2 * Gk * dk + Gv * dv;
+    const int kh = (int)(h % Gk);
+    const int64_t C = GDN_CHUNK;
+    float *A = work;                 /* C x C */
+    float *U = A + C * C;            /* C x dv */
+    float *Wk = U + C * dv;          /* C x dk */
+    float *gam = Wk + C * dk;        /* C */
+    for (int64_t c0 = 0; c0 < J->L; c0 += C) {
+        const int64_t n = J->L - c0 < C ? J->L - c0 : C;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < n; i++) { acc += J->g[(c0 + i) * Gv + h]; gam[i] = acc; }
+#define KROW(i) (J->kn + ((c0 + (i)) * Gk + kh) * dk)
+#define QROW(i) (J->qn + ((c0 + (i)) * Gk + kh) * dk)
+#define VROW(i) (J->cv + (c0 + (i)) * CD + 2 * Gk * dk + h * dv)
+#define BETA(i) (J->beta[(c0 + (i)) * Gv + h])
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < i; j++) {
+                const float *ki = KROW(i), *kj = KROW(j);
+                float d = 0.0f;
+                for (int64_t e = 0; e < dk; e++) d += ki[e] * kj[e];
+                A[i * C + j] = BETA(i) * d * expf(gam[i] - gam[j]);
+            }
+        /* forward substitution: U_i = β_i v_i − Σ_{j<i} A_ij U_j; W_i = β_i e^{γ_i} k_i − Σ A_ij W_j */
+        for (int64_t i = 0; i < n; i++) {
+            float *Ui = U + i * dv, *Wi = Wk + i * dk;
+            const float *vi = VROW(i), *ki = KROW(i);
+            const float b = BETA(i), be = b * expf(gam[i]);
+            for (int64_t e = 0; e < dv; e++) Ui[e] = b * vi[e];
+            for (int64_t e = 0; e < dk; e++) Wi[e] = be * ki[e];
+            for (int64_t j = 0; j < i; j++) {
+                const float a = A[i * C + j];
+                const float *Uj = U + j * dv, *Wj = Wk + j * dk;
+                for (int64_t e = 0; e < dv; e++) Ui[e] -= a * Uj[e];
+                for (int64_t e = 0; e < dk; e++) Wi[e] -= a * Wj[e];
+            }
+        }
+        /* V' = U − W S (in place in U) */
+        for (int64_t i = 0; i < n; i++) {
+            float *Ui = U + i * dv;
+            const float *Wi = Wk + i * dk;
+            for (int64_t e = 0; e < dk; e++) {
+                const float w = Wi[e];
+                const float *Se = S + e * dv;
+                for (int64_t j = 0; j < dv; j++) Ui[j] -= w * Se[j];
+            }
+        }
+        /* O_i = e^{γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{γ_i−γ_j} V'_j */
+        for (int64_t i = 0; i < n; i++) {
+            float *o = J->o + (c0 + i) * Gv * dv + h * dv;
+            const float *qi = QROW(i);
+            const float eg = expf(gam[i]);
+            for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
+            for (int64_t e = 0; e < dk; e++) {
+                const float w = qi[e] * eg;
+                const float *Se = S + e * dv;
+                for (int64_t j = 0; j < dv; j++) o[j] += w * Se[j];
+            }
+            for (int64_t jj = 0; jj <= i; jj++) {
+                const float *kj = KROW(jj);
+                float d = 0.0f;
+                for (int64_t e = 0; e < dk; e++) d += qi[e] * kj[e];
+                const float w = d * expf(gam[i] - gam[jj]);
+                const float *Vj = U + jj * dv;
+                for (int64_t j = 0; j < dv; j++) o[j] += w * Vj[j];
+            }
+        }
+        /* S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V'_iᵀ */
+        const float gl = gam[n - 1], egl = expf(gl);
+        for (int64_t e = 0; e < dk * dv; e++) S[e] *= egl;
+        for (int64_t i = 0; i < n; i++) {
+            const float *ki = KROW(i), *Vi = U + i * dv;
+            const float w = expf(gl - gam[i]);
+            for (int64_t e = 0; e < dk; e++) {
+                const float ke = ki[e] * w;
+                float *Se = S + e * dv;
+                for (int64_t j = 0; j < dv; j++) Se[j] += ke * Vi[j];
+            }
+        }
+#undef KROW
+#undef QROW
+#undef VROW
+#undef BETA
+    }
+}
+
+static void head_task(void *arg, int64_t h, int thread) {
+    (void)thread;
+    const gdn_job *J = arg;
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk;
+    float *S = J->S + h * dk * dv;
+    if (J->chunked) {
+        const int64_t C = GDN_CHUNK;
+        float *work = malloc((size_t)(C * C + C * dv + C * dk + C) * sizeof(float));
+        if (work) {
+            head_chunked(J, (int)h, S, work);
+            free(work);
+            return;
+        }
+    }
+    head_recurrent(J, (int)h, S);
+}
+
+strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    const strata_model *m = s->m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    mdl_layer_state *st = &s->ls[il];
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv, Kc = hp->ssm_kc;
+    const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD;
+    if (dk > 1024) return strata_fail(STRATA_ERR_UNSUPPORTED, "GDN head dim %lld > 1024", (long long)dk);
+    float *qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
+    float *cv = malloc((size_t)(L * CD) * sizeof(float));
+    float *z = malloc((size_t)(L * VD) * sizeof(float));
+    float *ba = malloc((size_t)(L * Gv * 2) * sizeof(float));
+    float *qn = malloc((size_t)(L * KD * 2) * sizeof(float));
+    float *o = malloc((size_t)(L * VD) * sizeof(float));
+    strata_status rc = STRATA_OK;
+    if (!qkv || !cv || !z || !ba || !qn || !o) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
+        goto done;
+    }
+    /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
+    memcpy(qkv, st->conv, (size_t)((Kc - 1) * CD) * sizeof(float));
+    float *xin = qkv + (Kc - 1) * CD;
+    if ((rc = mdl_matmul(m, &l->ssm_qkv, 0, u, L, xin))) goto done;
+    if ((rc = mdl_matmul(m, &l->ssm_z, 0, u, L, z))) goto done;
+    float *b = ba, *a = ba + L * Gv;
+    if ((rc = mdl_matmul(m, &l->ssm_beta, 0, u, L, b))) goto done;
+    if ((rc = mdl_matmul(m, &l->ssm_alpha, 0, u, L, a))) goto done;
+    /* causal depthwise conv + silu */
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t ch = 0; ch < CD; ch++) {
+            const float *w = l->ssm_conv + ch * Kc;
+            float acc = 0.0f;
+            for (int64_t k = 0; k < Kc; k++) acc += w[k] * qkv[(t + k) * CD + ch];
+            cv[t * CD + ch] = mdl_silu(acc);
+        }
+    memcpy(st->conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
+    /* q, k: l2norm per key head (eps 1e-6 on the sum), q also × dk^-½ */
+    float *kn = qn + L * KD;
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t hk = 0; hk < Gk; hk++) {
+            const float *q = cv + t * CD + hk * dk, *k = cv + t * CD + KD + hk * dk;
+            float sq = 0.0f, sk = 0.0f;
+            for (int64_t e = 0; e < dk; e++) { sq += q[e] * q[e]; sk += k[e] * k[e]; }
+            const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+            float *qo = qn + (t * Gk + hk) * dk, *ko = kn + (t * Gk + hk) * dk;
+            for (int64_t e = 0; e < dk; e++) { qo[e] = q[e] * rq * qscale; ko[e] = k[e] * rk; }
+        }
+    /* β = σ(b), g = ssm_a · softplus(a + dt_bias) */
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t h = 0; h < Gv; h++) {
+            b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
+            a[t * Gv + h] = l->ssm_a[h] * softplus(a[t * Gv + h] + l->ssm_dt_bias[h]);
+        }
+    gdn_job J = {.m = m, .l = l, .S = st->S, .qn = qn, .kn = kn, .cv = cv, .beta = b, .g = a, .o = o, .L = L,
+                 .chunked = L >= GDN_CHUNK_MIN_TOKENS};
+    strata_pool_run(m->pool, head_task, &J, Gv);
+    /* gated RMS norm per value head: rms(o) · w · act(z) */
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t h = 0; h < Gv; h++) {
+            float *oh = o + t * VD + h * dv;
+            const float *zh = z + t * VD + h * dv;
+            mdl_rmsnorm(oh, l->ssm_norm, dv, hp->eps, oh);
+            for (int64_t e = 0; e < dv; e++)
+                oh[e] *= hp->gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
+        }
+    rc = mdl_matmul(m, &l->ssm_out, 0, o, L, y);
+done:
+    free(qkv); free(cv); free(z); free(ba); free(qn); free(o);
+    return rc;
+}

@@ -1,0 +1,57 @@
+/*
+ * hc.c — hyper-connections (spec §5): the multi-stream residual state X = hc streams of E.
+ *
+ * Read:  X̂ = G(X; w_n) (one RMS per stream), a = silu(W_down X̂ / hc), m = σ(W_up a),
+ *        u = mean_j m_j ⊙ X̂_j, and with an inject matrix c = 2 σ(W_inj X̂ / hc).
+ * Write: X_j += c_j · y, on the un-normalised state.
+ */
+#include "model.h"
+
+#include <stdlib.h>
+
+#include "util/error.h"
+
+strata_status mdl_hc_read(strata_session *s, const float *norm, const mdl_mat *down, const mdl_mat *up,
+                          const mdl_mat *inject, int64_t L, float *u, float *c) {
+    const strata_model *m = s->m;
+    const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
+    float *xh = malloc((size_t)(L * W) * sizeof(float));
+    float *g = malloc((size_t)(L * W) * sizeof(float));
+    float *a = malloc((size_t)(L * (R > hc ? R : hc)) * sizeof(float));
+    strata_status rc = STRATA_OK;
+    if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
+    for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(s->X + t * W, norm, hc, E, m->hp.eps, xh + t * W);
+    if ((rc = mdl_matmul(m, down, 0, xh, L, a))) goto done;
+    const float inv_hc = 1.0f / (float)hc;
+    for (int64_t i = 0; i < L * R; i++) a[i] = mdl_silu(a[i] / (float)hc);
+    if ((rc = mdl_matmul(m, up, 0, a, L, g))) goto done;
+    for (int64_t t = 0; t < L; t++) {
+        const float *gt = g + t * W, *xt = xh + t * W;
+        float *ut = u + t * E;
+        for (int64_t d = 0; d < E; d++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < hc; j++) acc += mdl_sigmoid(gt[j * E + d]) * xt[j * E + d];
+            ut[d] = acc * inv_hc;
+        }
+    }
+    if (inject) {
+        if ((rc = mdl_matmul(m, inject, 0, xh, L, a))) goto done;
+        for (int64_t i = 0; i < L * hc; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
+    }
+done:
+    free(xh);
+    free(g);
+    free(a);
+    return rc;
+}
+
+void mdl_hc_write(const strata_model *m, float *X, const float *c, const float *y, int64_t L) {
+    const int64_t E = m->hp.n_embd, hc = m->hp.hc;
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t j = 0; j < hc; j++) {
+            float *xj = X + (t * hc + j) * E;
+            const float cj = c[t * hc + j];
+            const float *yt = y + t * E;
+            for (int64_t d = 0; d < E; d++) xj[d] += cj * yt[d];
+        }
+}

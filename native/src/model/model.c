@@ -1,0 +1,177 @@
+/*
+ * model.c — the exported model/session API and the forward pass that strings the blocks
+ * together (spec §3-4):
+ *
+ *   X = [emb, emb, …] (hc copies)
+ *   per layer: [PLE] → read → GDN | QSA → write → read → MoE → write
+ *   u = final hyper-connection read (no inject) → logits = W_out u
+ *
+ * An eval of any length runs in steps of at most n_ubatch tokens; every step advances every
+ * cache, so the result does not depend on how a sequence is cut into calls (up to rounding of
+ * the GDN's chunked vs recurrent form).
+ */
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "util/error.h"
+
+uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
+
+strata_model_params strata_model_default_params(void) {
+    strata_model_params p;
+    memset(&p, 0, sizeof p);
+    p.n_threads = 0;
+    p.n_ctx = 32768;
+    p.kv_type = STRATA_KV_F16;
+    p.n_ubatch = 512;
+    return p;
+}
+
+strata_status strata_model_load(const char *path, const strata_model_params *params, strata_model **out) {
+    if (!path || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: path and out are required");
+    strata_model_params p = params ? *params : strata_model_default_params();
+    if (p.n_ctx <= 0) p.n_ctx = 32768;
+    if (p.n_ubatch <= 0) p.n_ubatch = 512;
+    if (p.kv_type < STRATA_KV_F32 || p.kv_type > STRATA_KV_INT8)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: kv_type %d (use 0 f32, 1 f16, 2 int8)", p.kv_type);
+    if (p.n_ctx > (int64_t)1 << 30)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: n_ctx %lld is too large", (long long)p.n_ctx);
+    strata_model *m = calloc(1, sizeof *m);
+    if (!m) return strata_fail(STRATA_ERR_NOMEM, "strata_model_load: no memory");
+    m->params = p;
+    strata_status rc = strata_gguf_open(path, &m->gguf);
+    if (rc) { free(m); return rc; }
+    if ((rc = mdl_model_load(m))) goto fail;
+    strata_context_params cp = strata_context_default_params();
+    cp.n_threads = p.n_threads;
+    if ((rc = strata_context_init(&cp, &m->ctx))) goto fail;
+    m->pool = strata_context_pool(m->ctx);
+    m->params.n_threads = strata_context_n_threads(m->ctx);
+    m->isa = strata_isa_best() == STRATA_ISA_AVX2 ? STRATA_ISA_IDX_AVX2 : STRATA_ISA_IDX_SCALAR;
+    *out = m;
+    return STRATA_OK;
+fail:
+    strata_model_free(m);
+    return rc;
+}
+
+void strata_model_free(strata_model *m) {
+    if (!m) return;
+    mdl_model_release(m);
+    strata_context_free(m->ctx);
+    strata_gguf_close(m->gguf);
+    free(m);
+}
+
+strata_status strata_model_get_info(const strata_model *m, strata_model_info *out) {
+    if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_get_info: null argument");
+    memset(out, 0, sizeof *out);
+    out->n_vocab = m->hp.n_vocab;
+    out->n_embd = m->hp.n_embd;
+    out->n_layer = m->hp.n_layer;
+    out->n_threads = m->params.n_threads;
+    out->n_ctx = m->params.n_ctx;
+    out->n_ctx_train = m->hp.n_ctx_train;
+    out->kv_type = m->params.kv_type;
+    out->n_expert = m->hp.n_expert;
+    out->n_expert_used = m->hp.n_expert_used;
+    out->ple_layer = m->hp.ple_layer;
+    out->weight_bytes = m->weight_bytes;
+    out->state_bytes = mdl_state_bytes(m, m->params.n_ctx);
+    return STRATA_OK;
+}
+
+const strata_gguf *strata_model_gguf(const strata_model *m) { return m ? m->gguf : NULL; }
+
+strata_status strata_session_init(strata_model *m, strata_session **out) {
+    if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_init: null argument");
+    strata_session *s = calloc(1, sizeof *s);
+    if (!s) return strata_fail(STRATA_ERR_NOMEM, "strata_session_init: no memory");
+    strata_status rc = mdl_session_alloc(m, s);
+    if (rc) { free(s); return rc; }
+    *out = s;
+    return STRATA_OK;
+}
+
+void strata_session_free(strata_session *s) {
+    if (!s) return;
+    mdl_session_release(s);
+    free(s);
+}
+
+void strata_session_reset(strata_session *s) {
+    if (s) mdl_session_clear(s);
+}
+
+int64_t strata_session_n_past(const strata_session *s) { return s ? s->n_past : 0; }
+
+/* One step of L ≤ cap tokens; logits (NULL: none) of rows [row0, L) go to out. */
+static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, int64_t row0, float *out) {
+    const strata_model *m = s->m;
+    const mdl_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
+    strata_status rc;
+    for (int64_t t = 0; t < L; t++) {
+        float *xt = s->X + t * W;
+        m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, xt, E);
+        for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        const mdl_layer *l = &m->layers[il];
+        if (l->has_ple && (rc = mdl_ple(s, il, ids, L))) return rc;
+        if ((rc = mdl_hc_read(s, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, s->u, s->c))) return rc;
+        rc = l->is_qsa ? mdl_qsa(s, il, s->u, L, s->y) : mdl_gdn(s, il, s->u, L, s->y);
+        if (rc) return rc;
+        mdl_hc_write(m, s->X, s->c, s->y, L);
+        if ((rc = mdl_hc_read(s, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, s->u, s->c))) return rc;
+        if ((rc = mdl_moe(s, il, s->u, L, s->y))) return rc;
+        mdl_hc_write(m, s->X, s->c, s->y, L);
+    }
+    s->n_past += L;
+    if (!out || row0 >= L) return STRATA_OK;
+    /* the final mixer and the LM head only for the rows asked for */
+    const int64_t nr = L - row0;
+    float *Xsave = s->X;
+    s->X = Xsave + row0 * W;
+    rc = mdl_hc_read(s, m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, s->u, NULL);
+    s->X = Xsave;
+    if (rc) return rc;
+    return mdl_matmul(m, &m->output, 0, s->u, nr, out);
+}
+
+strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t all_logits,
+                                  float *logits, uint64_t logits_capacity) {
+    if (!s || (!ids && n_ids > 0) || n_ids < 0)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_eval: null argument or negative count");
+    if (n_ids == 0) return STRATA_OK;
+    const strata_model *m = s->m;
+    const int64_t V = m->hp.n_vocab;
+    if (s->n_past + n_ids > s->n_ctx)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "eval: %lld tokens after %lld exceed the context of %lld tokens; "
+                           "reset the session or load the model with a larger n_ctx",
+                           (long long)n_ids, (long long)s->n_past, (long long)s->n_ctx);
+    for (int64_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "eval: token id %d at index %lld is outside the vocabulary (0..%lld)",
+                               ids[i], (long long)i, (long long)(V - 1));
+    if (logits) {
+        const uint64_t need = (uint64_t)(all_logits ? n_ids : 1) * (uint64_t)V;
+        if (logits_capacity < need)
+            return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "eval: the logits buffer holds %llu floats, %llu needed",
+                               (unsigned long long)logits_capacity, (unsigned long long)need);
+    }
+    for (int64_t i0 = 0; i0 < n_ids; i0 += s->cap) {
+        const int64_t L = n_ids - i0 < s->cap ? n_ids - i0 : s->cap;
+        const int last = i0 + L == n_ids;
+        float *out = NULL;
+        int64_t row0 = L;
+        if (logits && all_logits) { out = logits + i0 * V; row0 = 0; }
+        else if (logits && last) { out = logits; row0 = L - 1; }
+        strata_status rc = forward(s, ids + i0, L, row0, out);
+        if (rc) return rc;
+    }
+    return STRATA_OK;
+}

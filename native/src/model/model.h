@@ -1,0 +1,203 @@
+/*
+ * model.h — the qwen4exp model inside libstrata: hyperparameters, weights, per-sequence state,
+ * and the functions of the forward pass (one file per concern).
+ *
+ * Definition: ../shared/spec/qwen4exp-math.md (transformers 5.23.0); layout:
+ * spec/qwen4exp-gguf.md (llama.cpp's names, shapes and layouts). The GGUF layout is used as is:
+ *   - (1+w) norms are folded in the file: every N1/G norm multiplies by the stored weight;
+ *   - GDN value heads are in llama.cpp's tiled order, so value head h reads key head h % n_k_heads;
+ *   - ssm_a = -exp(A_log).
+ *
+ * Ownership: a strata_model owns the GGUF mapping (weights are used in place, never copied) and
+ * small float copies of every 1-D / tiny tensor (norms, conv taps, biases), decoded from any
+ * type at load. A strata_session owns one sequence's state (GDN conv + fp32 recurrent state, QSA
+ * K/V + raw indexer keys + block summaries, PLE conv history + last n-1 ids) and the scratch of
+ * its forward. Sessions of one model share only read-only data and the model's thread pool
+ * (strata_pool_run serialises jobs), so different sessions may run on different threads.
+ *
+ * Activations are row-major [tokens x features] float arrays ("L x D" in the comments).
+ */
+#ifndef STRATA_MODEL_MODEL_H
+#define STRATA_MODEL_MODEL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "strata.h"
+#include "quant/quant.h"
+#include "util/threadpool.h"
+
+#define MDL_MAX_LAYERS 256
+#define MDL_MAX_NGRAM 8
+#define MDL_MAX_PLE_HEADS 64
+
+/* A matrix used by matmul: `rows` outputs, `cols` inputs, in its file type; for stacked expert
+ * tensors `n_mat` matrices of `mat_bytes` each, one after the other. `scale` (NULL if none) is the
+ * NVFP4 per-tensor `.scale`: one value, or one per matrix; the product is multiplied by it. */
+typedef struct {
+    const char *data;
+    const strata_qtraits *t;
+    int64_t rows, cols;
+    int64_t n_mat;
+    size_t row_bytes;
+    size_t mat_bytes;
+    const float *scale;     /* owned copy, n_scale values */
+    int64_t n_scale;
+} mdl_mat;
+
+typedef struct {
+    /* hyper-connections around the mixer (attn) and the MoE (ffn) */
+    float *hc_norm[2];         /* [hc*E] folded (1+w) */
+    mdl_mat hc_down[2];        /* r_hc x hc*E */
+    mdl_mat hc_up[2];          /* hc*E x r_hc */
+    mdl_mat hc_inject[2];      /* hc x hc*E */
+
+    int is_qsa;
+    /* GDN */
+    mdl_mat ssm_qkv;           /* conv_dim x E: [q (Gk*dk) | k (Gk*dk) | v (Gv*dv)] */
+    mdl_mat ssm_z;             /* Gv*dv x E (output gate) */
+    mdl_mat ssm_beta;          /* Gv x E */
+    mdl_mat ssm_alpha;         /* Gv x E */
+    float *ssm_conv;           /* [conv_dim][Kc] taps, last tap = current token */
+    float *ssm_dt_bias;        /* [Gv] */
+    float *ssm_a;              /* [Gv] = -exp(A_log) */
+    float *ssm_norm;           /* [dv] plain gamma */
+    mdl_mat ssm_out;           /* E x Gv*dv */
+
+    /* QSA */
+    mdl_mat attn_q;            /* 2*H*hd x E, per head [q | gate] */
+    mdl_mat attn_k, attn_v;    /* Hkv*hd x E */
+    mdl_mat attn_o;            /* E x H*hd */
+    float *attn_q_norm, *attn_k_norm;  /* [hd] folded */
+    mdl_mat idx_q;             /* Hi*Di x E */
+    mdl_mat idx_k;             /* Di x E */
+    float *idx_q_norm, *idx_k_norm;    /* [Di] folded */
+    int32_t ratio;             /* compress ratio r (block size); 0 = dense */
+
+    /* MoE */
+    mdl_mat router;            /* Ne x E */
+    mdl_mat exp_gate, exp_up;  /* n_mat = Ne, each Fe x E (gate_up fused: exp_gate holds 2Fe rows) */
+    int exp_fused;
+    mdl_mat exp_down;          /* n_mat = Ne, each E x Fe */
+    mdl_mat sh_gate, sh_up;    /* Fs x E */
+    mdl_mat sh_down;           /* E x Fs */
+    float *sh_inp_gate;        /* [E] */
+
+    /* PLE (one layer) */
+    int has_ple;
+    mdl_mat ple_key;           /* hc*E x P */
+    mdl_mat ple_value;         /* E x P */
+    float *ple_norm_key, *ple_norm_query, *ple_norm_conv;  /* [hc*E] folded */
+    float *ple_conv;           /* [hc*E][Kp] */
+} mdl_layer;
+
+typedef struct {
+    int64_t n_vocab, n_embd, n_ctx_train;
+    int32_t n_layer;
+    int32_t hc, hc_rank;
+    float eps;
+    /* attention */
+    int32_t n_head, n_head_kv, head_dim, n_rot;
+    float rope_theta;
+    int32_t idx_heads, idx_dim, idx_budget;
+    /* GDN */
+    int32_t ssm_kc, ssm_dk, ssm_gk, ssm_gv;   /* conv kernel, head dim (K and V), K heads, V heads */
+    int gate_sigmoid;                          /* GDN output gate: 1 sigmoid, 0 silu */
+    /* MoE */
+    int32_t n_expert, n_expert_used, ff_exp, ff_shexp;
+    /* PLE */
+    int32_t ple_layer;                         /* -1: none */
+    int32_t ple_n, ple_heads_per, ple_kp, ple_row_dim;
+    int64_t ple_eos;
+    uint64_t ple_mult[MDL_MAX_NGRAM];
+    uint64_t ple_off[MDL_MAX_PLE_HEADS], ple_size[MDL_MAX_PLE_HEADS];
+} mdl_hparams;
+
+struct strata_model {
+    strata_gguf *gguf;
+    strata_model_params params;
+    strata_context *ctx;       /* owns the pool */
+    strata_pool *pool;
+    int isa;                   /* STRATA_ISA_IDX_* */
+    mdl_hparams hp;
+    const char *tok_embd;      /* n_vocab rows of E values in tok_embd_t */
+    const strata_qtraits *tok_embd_t;
+    size_t tok_embd_row;
+    mdl_mat output;            /* n_vocab x E */
+    float *out_hc_norm;        /* [hc*E] */
+    mdl_mat out_hc_down, out_hc_up;
+    const char *ple_table;     /* rows of ple_row_dim values in ple_table_t */
+    const strata_qtraits *ple_table_t;
+    size_t ple_table_row;
+    int64_t ple_table_rows;
+    mdl_layer layers[MDL_MAX_LAYERS];
+    uint64_t weight_bytes;
+};
+
+/* ---------------------------------------------------------------- per-sequence state */
+
+typedef struct {
+    float *conv;               /* GDN: [(Kc-1) x conv_dim] last pre-conv qkv rows, oldest first */
+    float *S;                  /* GDN: [Gv][dk][dv] fp32 recurrent state */
+    void *k, *v;               /* QSA: [n_ctx][Hkv][hd] in kv_type */
+    float *kv_scale;           /* QSA int8: [n_ctx][Hkv][2] (k scale, v scale) */
+    float *idx_k;              /* QSA: [n_ctx][Di] raw indexer keys */
+    float *blk;                /* QSA: [n_ctx / r][Di] block summaries (normed, roped) */
+    int64_t n_blk;             /* summaries computed so far */
+} mdl_layer_state;
+
+struct strata_session {
+    strata_model *m;
+    int64_t n_past;
+    int64_t n_ctx;
+    mdl_layer_state ls[MDL_MAX_LAYERS];
+    float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
+    int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
+    /* scratch, sized for cap = n_ubatch tokens; blocks allocate their own temporaries */
+    int64_t cap;
+    float *X;                  /* cap x hc*E residual streams */
+    float *u, *y;              /* cap x E */
+    float *c;                  /* cap x hc inject factors */
+};
+
+/* ---------------------------------------------------------------- ops (ops.c) */
+
+/* y[L x mat.rows] = mat(index `mi` for stacked tensors) x[L x mat.cols], times its .scale. */
+strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
+                         float *y);
+/* y = x / sqrt(mean(x^2) + eps) * w, over n values (w may be NULL: no weight). */
+void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
+/* Grouped: the hc*E vector is hc groups of E, one RMS each; w has hc*E values. */
+void mdl_group_rmsnorm(const float *x, const float *w, int64_t groups, int64_t n, float eps, float *y);
+static inline float mdl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float mdl_silu(float x) { return x / (1.0f + expf(-x)); }
+/* NeoX rotation of the first n_rot dims of x (pairs i, i + n_rot/2) by cos/sin[n_rot/2]. */
+void mdl_rope(float *x, int32_t n_rot, const float *cs, const float *sn);
+/* cos/sin of position pos for the n_rot/2 frequencies, as transformers computes them (fp32). */
+void mdl_rope_angles(float theta, int32_t n_rot, int64_t pos, float *cs, float *sn);
+
+/* ---------------------------------------------------------------- blocks */
+
+/* hc.c: read -> u[L x E] (mean of gated normalised streams), c[L x hc] (NULL for the final
+ * mixer: no inject). */
+strata_status mdl_hc_read(strata_session *s, const float *norm, const mdl_mat *down, const mdl_mat *up,
+                          const mdl_mat *inject, int64_t L, float *u, float *c);
+/* X_j += c_j * y for every stream. */
+void mdl_hc_write(const strata_model *m, float *X, const float *c, const float *y, int64_t L);
+
+strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y);
+strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y);
+strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
+/* Adds PLE(X) to X for tokens ids[0..L). */
+strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
+
+/* load.c: hyperparameters and weights (m->gguf, m->params set); release frees owned copies. */
+strata_status mdl_model_load(strata_model *m);
+void mdl_model_release(strata_model *m);
+
+/* state.c */
+strata_status mdl_session_alloc(strata_model *m, strata_session *s);
+void mdl_session_release(strata_session *s);
+void mdl_session_clear(strata_session *s);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * ops.c — the small numeric primitives the blocks share: matmul of a bound weight, the RMS norms
+ * (spec §2: N1 with folded (1+w), grouped per stream), and partial NeoX RoPE (spec §1.4).
+ * All in fp32, as transformers computes an fp32 model.
+ */
+#include "model.h"
+
+#include <math.h>
+
+#include "kernels/cpu/matmul.h"
+
+strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
+                         float *y) {
+    const char *data = w->data + (size_t)mi * w->mat_bytes;
+    strata_status rc = strata_matmul_run(m->pool, w->t, m->isa, data, w->rows, w->cols, x, L, y);
+    if (rc) return rc;
+    if (w->scale) {
+        const float s = w->scale[w->n_scale == 1 ? 0 : mi];
+        for (int64_t i = 0; i < L * w->rows; i++) y[i] *= s;
+    }
+    return STRATA_OK;
+}
+
+void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    if (w) for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+    else for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
+}
+
+void mdl_group_rmsnorm(const float *x, const float *w, int64_t groups, int64_t n, float eps, float *y) {
+    for (int64_t g = 0; g < groups; g++) mdl_rmsnorm(x + g * n, w ? w + g * n : NULL, n, eps, y + g * n);
+}
+
+void mdl_rope_angles(float theta, int32_t n_rot, int64_t pos, float *cs, float *sn) {
+    /* inv_freq_i = 1 / theta^(2i / n_rot) and the angle pos * inv_freq_i, both fp32 */
+    const float p = (float)pos;
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)n_rot);
+        const float a = p * inv;
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+}
+
+void mdl_rope(float *x, int32_t n_rot, const float *cs, const float *sn) {
+    const int32_t h = n_rot / 2;
+    for (int32_t i = 0; i < h; i++) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * cs[i] - b * sn[i];
+        x[i + h] = b * cs[i] + a * sn[i];
+    }
+}

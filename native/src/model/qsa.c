@@ -1,0 +1,266 @@
+/*
+ * qsa.c — QSA indexed attention, the `indexed_attention` mixer (spec §8).
+ *
+ * Main path: q (per head [q | gate] in q_proj) and k are N1-normalised per head and roped on
+ * their first n_rot dims; K (after norm + rope) and V go to the session's cache in kv_type.
+ * Indexer: per token nI query heads (N1 + rope) and one raw key (no norm, no rope) cached as is.
+ * A block of r consecutive keys (aligned to position 0) is summarised once, when it completes:
+ * K̂_b = rope_{b·r}(N1(mean of its r raw keys)), kept in the session (the reference recomputes
+ * it every step and gets the same values).
+ *
+ * Selection for a query at position P (n = P + 1 visible keys, nb = n / r complete blocks):
+ * if nb ≤ budget / r every key is kept (dense causal attention); otherwise the budget/r blocks
+ * with the largest score_b = Σ_h relu(qI_h · K̂_b) / sqrt(dI) — ties broken by the lower block
+ * index (transformers' torch.topk leaves tie order undefined) — plus the incomplete tail block
+ * [nb·r, n), which is always kept. A query may therefore not attend to itself (spec §8.2).
+ * Then softmax(q·k / sqrt(hd)) over the kept keys, o ⊙ σ(gate), W_o.
+ *
+ * Pool tasks: pass 1, one query each (selection, shared by all heads); pass 2, one (query,
+ * head) pair each.
+ */
+#include "model.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+typedef struct {
+    const strata_model *m;
+    const mdl_layer *l;
+    mdl_layer_state *st;
+    int64_t p0, L;
+    const float *q;        /* L x H x hd, normed + roped */
+    const float *iq;       /* L x nI x dI, normed + roped */
+    int32_t *sel;          /* L x sel_cap key indices */
+    int32_t *n_sel;        /* L: count, or -1 = dense (all keys 0..P) */
+    int64_t sel_cap;
+    float *o;              /* L x H x hd */
+    float *scratch;        /* per thread: n_threads x scratch_w */
+    int64_t scratch_w;
+    int kv_type;
+} qsa_job;
+
+typedef struct { float s; int32_t b; } blk_score;
+
+/* a ranks before b: higher score, then lower block index */
+static int better(blk_score a, blk_score b) { return a.s > b.s || (a.s == b.s && a.b < b.b); }
+
+/* min-heap on "worst at the root" */
+static void sift_down(blk_score *h, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t w = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && better(h[w], h[l])) w = l;
+        if (r < n && better(h[w], h[r])) w = r;
+        if (w == i) return;
+        blk_score t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+static void select_task(void *arg, int64_t t, int thread) {
+    const qsa_job *J = arg;
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t r = J->l->ratio, P = J->p0 + t, n = P + 1;
+    const int64_t topk = r > 0 ? hp->idx_budget / r : 0;
+    const int64_t nb = r > 0 ? n / r : 0;
+    if (r == 0 || nb <= topk) { J->n_sel[t] = -1; return; }
+    const int64_t nI = hp->idx_heads, dI = hp->idx_dim;
+    blk_score *heap = (blk_score *)(J->scratch + (int64_t)thread * J->scratch_w);
+    int64_t hn = 0;
+    const float inv = 1.0f / sqrtf((float)dI);
+    const float *qi = J->iq + t * nI * dI;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *kb = J->st->blk + b * dI;
+        float sc = 0.0f;
+        for (int64_t h = 0; h < nI; h++) {
+            const float *qh = qi + h * dI;
+            float d = 0.0f;
+            for (int64_t e = 0; e < dI; e++) d += qh[e] * kb[e];
+            sc += d > 0.0f ? d : 0.0f;
+        }
+        blk_score x = {sc * inv, (int32_t)b};
+        if (hn < topk) {
+            /* insert, sift up */
+            int64_t i = hn++;
+            heap[i] = x;
+            while (i > 0) {
+                int64_t p = (i - 1) / 2;
+                if (!better(heap[p], heap[i])) break;
+                blk_score tmp = heap[p]; heap[p] = heap[i]; heap[i] = tmp;
+                i = p;
+            }
+        } else if (better(x, heap[0])) {
+            heap[0] = x;
+            sift_down(heap, hn, 0);
+        }
+    }
+    int32_t *sel = J->sel + t * J->sel_cap;
+    int64_t k = 0;
+    for (int64_t i = 0; i < hn; i++)
+        for (int64_t j = 0; j < r; j++) sel[k++] = (int32_t)(heap[i].b * r + j);
+    for (int64_t j = nb * r; j < n; j++) sel[k++] = (int32_t)j;
+    J->n_sel[t] = (int32_t)k;
+}
+
+static void load_row(const qsa_job *J, const void *base, int64_t pos, int64_t kvh, int which, float *out) {
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t hd = hp->head_dim, off = (pos * hp->n_head_kv + kvh) * hd;
+    if (J->kv_type == STRATA_KV_F32) {
+        memcpy(out, (const float *)base + off, (size_t)hd * sizeof(float));
+    } else if (J->kv_type == STRATA_KV_F16) {
+        const uint16_t *p = (const uint16_t *)base + off;
+        for (int64_t e = 0; e < hd; e++) out[e] = strata_fp16_to_fp32(p[e]);
+    } else {
+        const int8_t *p = (const int8_t *)base + off;
+        const float d = J->st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which];
+        for (int64_t e = 0; e < hd; e++) out[e] = d * (float)p[e];
+    }
+}
+
+static void attn_task(void *arg, int64_t task, int thread) {
+    const qsa_job *J = arg;
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t H = hp->n_head, hd = hp->head_dim, grp = H / hp->n_head_kv;
+    const int64_t t = task / H, h = task % H, kvh = h / grp;
+    const int64_t P = J->p0 + t;
+    const int32_t ns = J->n_sel[t];
+    const int64_t n = ns < 0 ? P + 1 : ns;
+    const int32_t *sel = J->sel + t * J->sel_cap;
+    float *w = J->scratch + (int64_t)thread * J->scratch_w;   /* n scores, then a row */
+    float *row = w + n;
+    const float *q = J->q + (t * H + h) * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float mx = -FLT_MAX;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = ns < 0 ? i : sel[i];
+        load_row(J, J->st->k, pos, kvh, 0, row);
+        float d = 0.0f;
+        for (int64_t e = 0; e < hd; e++) d += q[e] * row[e];
+        w[i] = d * scale;
+        if (w[i] > mx) mx = w[i];
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) { w[i] = expf(w[i] - mx); sum += w[i]; }
+    const float inv = (float)(1.0 / sum);
+    float *o = J->o + (t * H + h) * hd;
+    for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = ns < 0 ? i : sel[i];
+        load_row(J, J->st->v, pos, kvh, 1, row);
+        const float p = w[i] * inv;
+        for (int64_t e = 0; e < hd; e++) o[e] += p * row[e];
+    }
+}
+
+static void store_row(const strata_session *s, mdl_layer_state *st, void *base, int64_t pos, int64_t kvh,
+                      int which, const float *x) {
+    const mdl_hparams *hp = &s->m->hp;
+    const int64_t hd = hp->head_dim, off = (pos * hp->n_head_kv + kvh) * hd;
+    const int kv = s->m->params.kv_type;
+    if (kv == STRATA_KV_F32) {
+        memcpy((float *)base + off, x, (size_t)hd * sizeof(float));
+    } else if (kv == STRATA_KV_F16) {
+        uint16_t *p = (uint16_t *)base + off;
+        for (int64_t e = 0; e < hd; e++) p[e] = strata_fp32_to_fp16(x[e]);
+    } else {
+        float amax = 0.0f;
+        for (int64_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(x[e]));
+        float id;
+        const float d = strata_act_scale(amax, &id);
+        int8_t *p = (int8_t *)base + off;
+        for (int64_t e = 0; e < hd; e++) p[e] = (int8_t)lrintf(x[e] * id);
+        st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which] = d;
+    }
+}
+
+strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    const strata_model *m = s->m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    mdl_layer_state *st = &s->ls[il];
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, nI = hp->idx_heads, dI = hp->idx_dim;
+    const int64_t p0 = s->n_past, r = l->ratio, half = hp->n_rot / 2;
+    const int64_t sel_cap = r > 0 ? hp->idx_budget + r : 1;
+    const int nt = strata_pool_n_threads(m->pool);
+    const int64_t n_max = p0 + L;
+    const int64_t scratch_w = (n_max + hd + 2 * (sel_cap + 8)) ;
+    float *qg = malloc((size_t)(L * 2 * H * hd) * sizeof(float));
+    float *kv = malloc((size_t)(L * 2 * Hkv * hd) * sizeof(float));
+    float *q = malloc((size_t)(L * H * hd) * sizeof(float));
+    float *iqk = malloc((size_t)(L * (nI + 1) * dI) * sizeof(float));
+    float *cs = malloc((size_t)(L * half * 2 + 2 * half) * sizeof(float));
+    int32_t *sel = malloc((size_t)(L * sel_cap) * sizeof(int32_t));
+    int32_t *n_sel = malloc((size_t)L * sizeof(int32_t));
+    float *scratch = malloc((size_t)(nt * scratch_w) * sizeof(float));
+    float *o = malloc((size_t)(L * H * hd) * sizeof(float));
+    float *tmp = malloc((size_t)(dI > hd ? dI : hd) * sizeof(float));
+    strata_status rc = STRATA_OK;
+    if (!qg || !kv || !q || !iqk || !cs || !sel || !n_sel || !scratch || !o || !tmp) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)L);
+        goto done;
+    }
+    float *kk = kv, *vv = kv + L * Hkv * hd;
+    if ((rc = mdl_matmul(m, &l->attn_q, 0, u, L, qg))) goto done;
+    if ((rc = mdl_matmul(m, &l->attn_k, 0, u, L, kk))) goto done;
+    if ((rc = mdl_matmul(m, &l->attn_v, 0, u, L, vv))) goto done;
+    float *iq = iqk, *ik = iqk + L * nI * dI;
+    if ((rc = mdl_matmul(m, &l->idx_q, 0, u, L, iq))) goto done;
+    if ((rc = mdl_matmul(m, &l->idx_k, 0, u, L, ik))) goto done;
+    for (int64_t t = 0; t < L; t++) {
+        float *c = cs + t * 2 * half, *sn = c + half;
+        mdl_rope_angles(hp->rope_theta, hp->n_rot, p0 + t, c, sn);
+        for (int64_t h = 0; h < H; h++) {
+            float *qh = q + (t * H + h) * hd;
+            mdl_rmsnorm(qg + t * 2 * H * hd + h * 2 * hd, l->attn_q_norm, hd, hp->eps, qh);
+            mdl_rope(qh, hp->n_rot, c, sn);
+        }
+        for (int64_t h = 0; h < Hkv; h++) {
+            mdl_rmsnorm(kk + (t * Hkv + h) * hd, l->attn_k_norm, hd, hp->eps, tmp);
+            mdl_rope(tmp, hp->n_rot, c, sn);
+            store_row(s, st, st->k, p0 + t, h, 0, tmp);
+            store_row(s, st, st->v, p0 + t, h, 1, vv + (t * Hkv + h) * hd);
+        }
+        for (int64_t h = 0; h < nI; h++) {
+            float *qh = iq + (t * nI + h) * dI;
+            mdl_rmsnorm(qh, l->idx_q_norm, dI, hp->eps, qh);
+            mdl_rope(qh, hp->n_rot, c, sn);
+        }
+        memcpy(st->idx_k + (p0 + t) * dI, ik + t * dI, (size_t)dI * sizeof(float));
+    }
+    /* block summaries of the blocks completed by these tokens */
+    if (r > 0) {
+        float *bc = cs + L * half * 2, *bs = bc + half;
+        while ((st->n_blk + 1) * r <= p0 + L) {
+            const int64_t b = st->n_blk;
+            float *kb = st->blk + b * dI;
+            for (int64_t e = 0; e < dI; e++) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < r; j++) acc += st->idx_k[(b * r + j) * dI + e];
+                tmp[e] = acc / (float)r;
+            }
+            mdl_rmsnorm(tmp, l->idx_k_norm, dI, hp->eps, kb);
+            mdl_rope_angles(hp->rope_theta, hp->n_rot, b * r, bc, bs);
+            mdl_rope(kb, hp->n_rot, bc, bs);
+            st->n_blk++;
+        }
+    }
+    qsa_job J = {.m = m, .l = l, .st = st, .p0 = p0, .L = L, .q = q, .iq = iq, .sel = sel, .n_sel = n_sel,
+                 .sel_cap = sel_cap, .o = o, .scratch = scratch, .scratch_w = scratch_w,
+                 .kv_type = m->params.kv_type};
+    strata_pool_run(m->pool, select_task, &J, L);
+    strata_pool_run(m->pool, attn_task, &J, L * H);
+    /* output gate σ(gate) per head, then W_o */
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t h = 0; h < H; h++) {
+            float *oh = o + (t * H + h) * hd;
+            const float *gh = qg + t * 2 * H * hd + h * 2 * hd + hd;
+            for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
+        }
+    rc = mdl_matmul(m, &l->attn_o, 0, o, L, y);
+done:
+    free(qg); free(kv); free(q); free(iqk); free(cs); free(sel); free(n_sel); free(scratch); free(o); free(tmp);
+    return rc;
+}

@@ -1,0 +1,175 @@
+"""model.py — a qwen4exp model and its sessions (DESIGN §9 names).
+
+    model = Model("m.gguf", threads=2, n_ctx=4096, kv_type="f32")
+    sess = model.session()
+    last = sess.eval(model.tokenize("Hello"))          # (n_vocab,) float32
+    more = sess.eval([42, 7], all_logits=True)         # (2, n_vocab), continues the sequence
+
+The weights and every FLOP live in libstrata (native/src/model); this module owns the handles,
+the tokenizer and metadata a user touches, and the generation entry points (pyrunner.generate).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ._native import check, ffi, lib
+
+KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
+DEVICES = ("cpu",)
+
+
+def _kv_type(name: str) -> int:
+    try:
+        return KV_TYPES[name]
+    except KeyError:
+        raise ValueError(f"kv_type {name!r}: choose one of {', '.join(KV_TYPES)}") from None
+
+
+class Model:
+    """A loaded qwen4exp GGUF. Weights stay mapped from the file; sessions hold sequence state."""
+
+    def __init__(self, path, threads: int | None = None, n_ctx: int = 32768, device: str = "cpu",
+                 cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
+                 mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192):
+        path = os.fspath(path)
+        if device not in DEVICES:
+            raise ValueError(f"device {device!r} is not available in this build; use one of {', '.join(DEVICES)}")
+        if n_ctx <= 0:
+            raise ValueError(f"n_ctx must be positive (got {n_ctx})")
+        if prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive (got {prefill_chunk})")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file {path!r} does not exist")
+        self.path = path
+        self.device = device
+        self.kv_type = kv_type
+        self.prefill_chunk = int(prefill_chunk)
+        p = ffi.new("strata_model_params *", lib.strata_model_default_params())
+        p.n_threads = int(threads or 0)
+        p.n_ctx = int(n_ctx)
+        p.kv_type = _kv_type(kv_type)
+        p.n_ubatch = min(512, self.prefill_chunk)
+        out = ffi.new("strata_model **")
+        check(lib.strata_model_load(path.encode(), p, out))
+        self._ptr = ffi.gc(out[0], lib.strata_model_free)
+        info = ffi.new("strata_model_info *")
+        check(lib.strata_model_get_info(self._ptr, info))
+        self.n_vocab = int(info.n_vocab)
+        self.n_embd = int(info.n_embd)
+        self.n_layer = int(info.n_layer)
+        self.n_ctx = int(info.n_ctx)
+        self.n_ctx_train = int(info.n_ctx_train)
+        self.n_threads = int(info.n_threads)
+        self.weight_bytes = int(info.weight_bytes)
+        self.state_bytes = int(info.state_bytes)
+        self._metadata = None
+        self._tokenizer = None
+        self._sessions = []
+
+    # ------------------------------------------------------------------ metadata and tokens
+    @property
+    def metadata(self) -> dict:
+        if self._metadata is None:
+            from .gguf import GGUFFile
+            self._metadata = GGUFFile(self.path).metadata()
+        return self._metadata
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_metadata(self.metadata, source=self.path)
+        return self._tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.detokenize(ids)
+
+    # ------------------------------------------------------------------ sessions
+    def session(self) -> "Session":
+        s = Session(self)
+        self._sessions.append(s)
+        return s
+
+    # ------------------------------------------------------------------ generation (pyrunner.generate)
+    def generate(self, prompt, **kw):
+        from . import generate
+        return generate.generate(self, prompt, **kw)
+
+    def create_completion(self, prompt, **kw):
+        from . import generate
+        return generate.create_completion(self, prompt, **kw)
+
+    def create_chat_completion(self, messages, **kw):
+        from . import generate
+        return generate.create_chat_completion(self, messages, **kw)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Frees the sessions and the model now (otherwise the garbage collector does)."""
+        for s in self._sessions:
+            s.close()
+        self._sessions = []
+        if getattr(self, "_ptr", None) is not None:
+            ptr, self._ptr = self._ptr, None
+            ffi.release(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Model({self.path!r}, n_vocab={self.n_vocab}, n_layer={self.n_layer}, n_ctx={self.n_ctx}, "
+                f"kv_type={self.kv_type!r}, threads={self.n_threads})")
+
+
+class Session:
+    """One sequence's state: eval() appends tokens and returns logits."""
+
+    def __init__(self, model: Model):
+        if model._ptr is None:
+            raise RuntimeError("the model is closed")
+        self.model = model
+        out = ffi.new("strata_session **")
+        check(lib.strata_session_init(model._ptr, out))
+        self._ptr = ffi.gc(out[0], lib.strata_session_free)
+
+    @property
+    def n_past(self) -> int:
+        return int(lib.strata_session_n_past(self._live()))
+
+    def _live(self):
+        if self._ptr is None or self.model._ptr is None:
+            raise RuntimeError("this session (or its model) is closed")
+        return self._ptr
+
+    def reset(self) -> None:
+        lib.strata_session_reset(self._live())
+
+    def eval(self, token_ids, all_logits: bool = False) -> np.ndarray:
+        """Runs token_ids after the tokens already seen. Returns the last position's logits
+        (n_vocab,) float32, or (len(token_ids), n_vocab) with all_logits=True."""
+        ptr = self._live()
+        ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1))
+        if ids.size == 0:
+            raise ValueError("eval needs at least one token id")
+        if ids.min() < 0 or ids.max() >= self.model.n_vocab:
+            bad = int(ids[(ids < 0) | (ids >= self.model.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.model.n_vocab - 1})")
+        ids32 = ids.astype(np.int32)
+        V = self.model.n_vocab
+        out = np.empty((ids.size, V) if all_logits else (V,), dtype=np.float32)
+        check(lib.strata_session_eval(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size,
+                                      1 if all_logits else 0, ffi.cast("float *", out.ctypes.data), out.size))
+        return out
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            ffi.release(ptr)

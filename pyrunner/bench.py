@@ -1,5 +1,7 @@
 """bench.py — `strata bench kernels`: matrix x vector/batch speed of every block format at the
-real model's shapes, next to a memory read-bandwidth probe measured in the same run.
+real model's shapes, next to a memory read-bandwidth probe measured in the same run; and
+`strata bench model`: prefill and decode tokens/s of a model file, optionally against llama.cpp
+(see bench_model()).
 
 Batch-1 numbers read each weight matrix cold: the benchmark rotates through enough copies of
 the matrix (>= 256 MiB in all) that none is in cache, as in decode, where every expert matrix
@@ -133,3 +135,156 @@ def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, log=print) -> 
             "probe_gbps_start": {str(k): v for k, v in probe_start.items()},
             "probe_gbps_end": {str(k): v for k, v in probe_end.items()},
             "threads": nthreads, "results": results}
+
+
+# ------------------------------------------------------------------------------------------ bench model
+#
+# `strata bench model`: prefill tokens/s over a prompt of fixed random ids (seeded, < n_vocab) in one call,
+# then decode tokens/s over gen_tokens single-token calls, each feeding the greedy argmax of the previous
+# logits. With vs_llama_cpp the same file, ids and loop run through llama-cpp-python in the same process, and
+# the ratios Strata / llama.cpp are reported. Load time is measured apart and not part of either rate.
+
+# The llama.cpp KV cache (type_k, type_v as ggml type ids, flash attention) used against each Strata --kv-type.
+# int8: llama.cpp's nearest is Q8_0, but llama-cpp-python 0.3.36 aborts the process (a GGML_ASSERT in
+# ggml_view_2d while building the qwen4exp cache) with a Q8_0 K cache, so K stays F16 and V is Q8_0, which
+# llama.cpp allows only with flash attention.
+_LLAMA_KV = {"f32": (0, 0, False), "f16": (1, 1, False), "int8": (1, 8, True)}
+_GGML_NAME = {0: "f32", 1: "f16", 8: "q8_0"}
+KV_TYPES = tuple(_LLAMA_KV)
+
+
+class BenchError(Exception):
+    """A user error in `strata bench model` (bad file, bad setting); the message says what to do."""
+
+
+def bench_prompt(n_vocab: int, n: int, seed: int = 0) -> list[int]:
+    """The benchmark prompt: n ids drawn uniformly below n_vocab by a seeded generator."""
+    return [int(x) for x in np.random.default_rng(seed).integers(0, n_vocab, n)]
+
+
+def _rates(load_s: float, prefill_s: float, decode_s: float, prompt_tokens: int, generated: int) -> dict:
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_s": decode_s, "prompt_tokens": prompt_tokens,
+            "generated_tokens": generated, "prefill_tps": prompt_tokens / prefill_s if prefill_s > 0 else 0.0,
+            "decode_tps": generated / decode_s if decode_s > 0 else 0.0}
+
+
+def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threads: int, kv_type: str,
+                n_ctx: int) -> tuple:
+    """Load, prefill, decode; returns (rates, prompt ids, generated ids). The prompt is sized by the model's
+    n_vocab."""
+    from ._native import StrataError
+    from .model import Model
+
+    t0 = time.perf_counter()
+    try:
+        model = Model(path, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
+    except (StrataError, ValueError, OSError) as e:
+        raise BenchError(f"Strata could not load {path}: {e}") from None
+    try:
+        load_s = time.perf_counter() - t0
+        ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
+        sess = model.session()
+        t0 = time.perf_counter()
+        logits = sess.eval(ids)
+        prefill_s = time.perf_counter() - t0
+        out = []
+        t0 = time.perf_counter()
+        for _ in range(gen_tokens):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            logits = sess.eval([tok])
+        decode_s = time.perf_counter() - t0
+        return _rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), ids, out
+    finally:
+        model.close()
+
+
+def _llama_run(path: str, ids: list[int], gen_tokens: int, threads: int, kv_type: str, n_ctx: int) -> tuple:
+    try:
+        import llama_cpp
+    except ImportError:
+        raise BenchError("--vs-llama-cpp needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from None
+    n_batch = max(len(ids), 1)
+    type_k, type_v, flash = _LLAMA_KV[kv_type]
+    t0 = time.perf_counter()
+    try:
+        llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                              n_threads_batch=threads, type_k=type_k, type_v=type_v, flash_attn=flash,
+                              logits_all=False, verbose=False)
+    except (ValueError, RuntimeError) as e:
+        raise BenchError(f"llama.cpp could not load {path}: {e}") from None
+    try:
+        load_s = time.perf_counter() - t0
+        n_vocab = llm.n_vocab()
+
+        def last_logits():
+            return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
+
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        logits = last_logits()
+        prefill_s = time.perf_counter() - t0
+        out = []
+        t0 = time.perf_counter()
+        for _ in range(gen_tokens):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            llm.eval([tok])
+            logits = last_logits()
+        decode_s = time.perf_counter() - t0
+        return _rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), out
+    finally:
+        llm.close()
+
+
+def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_tokens: int = 128, kv_type: str = "f16",
+                vs_llama_cpp: bool = False, seed: int = 0, log=print) -> dict:
+    """Returns {"settings": {...}, "strata": RATES, and with vs_llama_cpp "llama_cpp": RATES, "ratios":
+    {"prefill_tps", "decode_tps"} (Strata / llama.cpp), "same_tokens" (whether both decoded the same greedy
+    tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}."""
+    import os
+
+    if not os.path.isfile(path):
+        raise BenchError(f"{path}: no such model file")
+    if prompt_tokens < 1 or gen_tokens < 0:
+        raise BenchError(f"--prompt-tokens must be >= 1 and --gen-tokens >= 0 (got {prompt_tokens}, {gen_tokens})")
+    if kv_type not in KV_TYPES:
+        raise BenchError(f"--kv-type {kv_type!r}: choose one of {', '.join(KV_TYPES)}")
+    n_ctx = prompt_tokens + gen_tokens + 16
+    settings = {"model": path, "threads": threads, "prompt_tokens": prompt_tokens,
+                "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed}
+    log(f"strata: {prompt_tokens}-token prefill, {gen_tokens} decode steps, {threads} threads, kv {kv_type}")
+    strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx)
+    res = {"settings": settings, "strata": strata}
+    if vs_llama_cpp:
+        log("llama.cpp: the same file, ids and loop")
+        llama, llama_tokens = _llama_run(path, ids, gen_tokens, threads, kv_type, n_ctx)
+        res["llama_cpp"] = llama
+        k, v, flash = _LLAMA_KV[kv_type]
+        settings["llama_cpp_kv"] = f"K {_GGML_NAME[k]}, V {_GGML_NAME[v]}, flash attention {'on' if flash else 'off'}"
+        res["ratios"] = {k: (strata[k] / llama[k] if llama[k] > 0 else None) for k in ("prefill_tps", "decode_tps")}
+        res["same_tokens"] = strata_tokens == llama_tokens
+    return res
+
+
+def format_model_table(res: dict) -> str:
+    """The small table `strata bench model` prints."""
+    rows = [("strata", res["strata"])] + ([("llama.cpp", res["llama_cpp"])] if "llama_cpp" in res else [])
+    s = res["settings"]
+    lines = [f"{s['model']}: {s['prompt_tokens']}-token prompt, {s['gen_tokens']} generated, {s['threads']} threads, "
+             f"kv {s['kv_type']}",
+             f"{'engine':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'prefill s':>10s} {'decode s':>9s} "
+             f"{'load s':>7s}"]
+    for name, r in rows:
+        lines.append(f"{name:10s} {r['prefill_tps']:14.2f} {r['decode_tps']:13.2f} {r['prefill_s']:10.3f} "
+                     f"{r['decode_s']:9.3f} {r['load_s']:7.2f}")
+    if "llama_cpp_kv" in s:
+        lines[0] += f" (llama.cpp KV: {s['llama_cpp_kv']})"
+    if "ratios" in res:
+        rt = res["ratios"]
+
+        def fmt(v):
+            return f"{v:.2f}x" if v is not None else "n/a"
+        lines.append(f"{'ratio':10s} {fmt(rt['prefill_tps']):>14s} {fmt(rt['decode_tps']):>13s}   "
+                     f"(Strata / llama.cpp; same greedy tokens: {'yes' if res['same_tokens'] else 'no'})")
+    return "\n".join(lines)

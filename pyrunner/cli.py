@@ -145,5 +145,37 @@ def bench_kernels(as_json, types, threads, batches):
         sys.stdout.write("\n")
 
 
+@bench.command("model")
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The GGUF model file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--vs-llama-cpp", is_flag=True, help="Run the same file, prompt and loop through llama-cpp-python too.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Threads for both engines.")
+@click.option("--prompt-tokens", type=int, default=512, show_default=True, help="Prefill prompt length (random ids).")
+@click.option("--gen-tokens", type=int, default=128, show_default=True, help="Greedy decode steps.")
+@click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default="f16", show_default=True,
+              envvar="STRATA_KV_TYPE", help="KV cache type.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
+def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed):
+    """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
+    the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run, and the ratios."""
+    from . import bench as b
+    from ._native import StrataError
+
+    if threads < 1:
+        raise click.ClickException(f"--threads {threads}: give at least 1")
+    log = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    try:
+        res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+                            kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log)
+    except (b.BenchError, StrataError) as e:
+        raise _fail(e) from None
+    if as_json:
+        json.dump(res, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        click.echo(b.format_model_table(res))
+
+
 if __name__ == "__main__":
     main()

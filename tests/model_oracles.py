@@ -1,0 +1,236 @@
+"""model_oracles.py — the reference side of the model parity tests (tests/test_model.py, tests/test_bench_model.py).
+
+* make_hf(): a tiny random transformers Qwen4Exp checkpoint (tools/make_tiny_hf.py's topology and randomisation,
+  with config fields overridden: gate, QSA budget, widths).
+* HFReference: transformers fp32 logits for a whole sequence in one forward, plus, for every position, whether the
+  reference's QSA block selection had a score tie at the cut (see qsa_ties()).
+* llama_logits(): per-position logits from llama.cpp (llama-cpp-python, f32 KV, no flash attention).
+* prompt(), kl(), llama_quantize(): the small pieces the tests share.
+
+QSA tie rule. transformers selects blocks with torch.topk, which has no tie order; Strata breaks ties by descending
+score, then ascending block index. Where two blocks score the same at the cut (the last selected and the first
+unselected), the reference's choice is arbitrary, so a position with such a tie cannot be compared exactly. The
+block scores are recomputed here from spec/qwen4exp-math.md §8.2 with the indexer's own weights and the inputs a
+forward hook captured; where the recomputation has no tie it must select the same token set as transformers did
+(asserted, so the recomputation is checked on every position it clears).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Two block scores closer than this (relative to the larger) count as tied: exact ties (ReLU zeros) plus scores
+# whose order could flip between two fp32 evaluations that round differently (the recomputation here, Strata).
+TIE_RTOL = 1e-5
+# tools/make_tiny_hf.py's tokenizer: 300 byte/merge tokens, then <|endoftext|> 300, <|im_start|> 301,
+# <|im_end|> 302; eos_token_id = [300, 302] (the PLE resets on the first).
+N_TEXT_TOKENS = 300
+EOS0, EOS_LAST = 300, 302
+
+
+def tiny_hf_tool():
+    spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def make_hf(out_dir: Path, seed: int = 0, gate: str = "sigmoid", budget: int = 64, **overrides) -> Path:
+    """make_tiny_hf.make() with config fields overridden (its make() has fixed widths)."""
+    torch = importlib.import_module("torch")
+    transformers = importlib.import_module("transformers")
+    tool = tiny_hf_tool()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ids = tool.build_tokenizer(str(out_dir))
+    cfg = tool.tiny_config(gate, budget, [ids["<|endoftext|>"], ids["<|im_end|>"]], ids["<|endoftext|>"])
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.Qwen4ExpForCausalLM(transformers.Qwen4ExpTextConfig(**cfg)).eval()
+    tool.randomise(model, seed)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def prompt(seed: int, n: int, eos_every: int = 29) -> list[int]:
+    """n random text ids with both EOS ids inside: eos0 (the PLE reset) and the last EOS id (which must not reset
+    it, as llama.cpp's own converter would make it)."""
+    rng = np.random.default_rng(seed)
+    ids = [int(x) for x in rng.integers(0, N_TEXT_TOKENS, n)]
+    for i, p in enumerate(range(11, n, eos_every)):
+        ids[p] = EOS0 if i % 2 == 0 else EOS_LAST
+    return ids
+
+
+# ------------------------------------------------------------------------------------------------ transformers
+
+class HFReference:
+    """transformers fp32 on one checkpoint folder."""
+
+    def __init__(self, hf_dir: Path):
+        self.torch = importlib.import_module("torch")
+        from transformers import AutoModelForCausalLM
+        self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=self.torch.float32).eval()
+        self.config = self.model.config
+        self.indexers = [layer.self_attn.indexer for layer in self.model.model.layers
+                         if hasattr(getattr(layer, "self_attn", None), "indexer")]
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        with self.torch.no_grad():
+            return self.model(self.torch.tensor([ids])).logits[0].float().numpy()
+
+    def capture_indexers(self, ids: list[int]) -> tuple[np.ndarray, list[tuple]]:
+        """Logits (T, V) of one forward and, per QSA layer, (indexer module, its input hidden states, its output
+        selection mask), captured by forward hooks."""
+        captured = []
+
+        def hook(module, args, kwargs, output):
+            captured.append((module, args[0] if args else kwargs["hidden_states"], output))
+
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in self.indexers]
+        try:
+            logits = self.logits(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        if len(captured) != len(self.indexers):
+            raise AssertionError(f"captured {len(captured)} indexer calls for {len(self.indexers)} QSA layers")
+        return logits, captured
+
+    def logits_and_ties(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Logits (T, V) of one forward, a bool (T,) marking positions where a QSA layer's selection had a tie at
+        the cut, and counts: {"positions", "binding" (positions where some QSA layer selected fewer blocks than it
+        had), "ties", "checked" (binding positions whose recomputed selection was compared and equal)}.
+        With the tiny topology's single QSA layer last, a tie at position t can change only logits row t."""
+        logits, captured = self.capture_indexers(ids)
+        ties = np.zeros(len(ids), dtype=bool)
+        binding = np.zeros(len(ids), dtype=bool)
+        checked = 0
+        for module, hs, mask in captured:
+            t, b, c = qsa_ties(module, self.config, hs, mask)
+            ties |= t
+            binding |= b
+            checked += c
+        return logits, ties, {"positions": len(ids), "binding": int(binding.sum()), "ties": int(ties.sum()),
+                              "checked": checked}
+
+
+def _rms_1pw(x, w, eps):
+    """N1: x / rms(x) * (1 + w), per last axis, fp32 (spec §2)."""
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * (1.0 + w)
+
+
+def _rope(x, pos, rd, theta):
+    """Partial NeoX RoPE on the first rd dims (pairs i, i + rd/2), angles pos * inv_freq in fp32 (spec §1.4)."""
+    inv = (1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.float32) / rd))).astype(np.float32)
+    ang = pos.astype(np.float32)[:, None] * inv[None, :]
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    shape = (len(pos),) + (1,) * (x.ndim - 2) + (rd // 2,)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    out = x.copy()
+    a, b = x[..., : rd // 2], x[..., rd // 2: rd]
+    out[..., : rd // 2] = a * cos - b * sin
+    out[..., rd // 2: rd] = b * cos + a * sin
+    return out
+
+
+def qsa_ties(module, config, hidden_states, output_mask) -> tuple[np.ndarray, np.ndarray, int]:
+    """One QSA layer of one unpadded, uncached forward (positions 0..T-1): recompute the block scores of spec §8.2
+    from the indexer's weights and its captured input, mark positions with a tie at the cut, and assert that every
+    binding position without a tie selects the token set transformers selected (its output mask)."""
+    f32 = np.float32
+    hs = hidden_states[0].detach().float().numpy()                      # (T, H)
+    T = hs.shape[0]
+    nI, dI = module.index_n_heads, module.index_head_dim
+    r, k_blocks = module.compress_ratio, module.block_topk
+    eps = f32(config.rms_norm_eps)
+    rp = config.rope_parameters
+    rd = int(config.head_dim * rp.get("partial_rotary_factor", 1.0))
+    theta = float(rp["rope_theta"])
+    w = module.index_qk_proj.weight.detach().float().numpy()
+    wq = module.q_layernorm.weight.detach().float().numpy()
+    wk = module.k_layernorm.weight.detach().float().numpy()
+    qk = hs @ w.T
+    q = _rms_1pw(qk[:, : nI * dI].reshape(T, nI, dI), wq, eps)
+    q = _rope(q, np.arange(T), rd, theta)                                # (T, nI, dI)
+    raw = qk[:, nI * dI: (nI + 1) * dI]                                 # (T, dI): no norm, no RoPE per token
+    nb_max = T // r
+    pooled = raw[: nb_max * r].reshape(nb_max, r, dI).mean(axis=1, dtype=f32)
+    kb = _rope(_rms_1pw(pooled, wk, eps), np.arange(nb_max) * r, rd, theta)    # (nb, dI)
+    scores_all = np.maximum(np.einsum("thd,bd->tbh", q, kb), 0).sum(-1) / f32(math.sqrt(dI))   # (T, nb)
+    sel = output_mask[0, 0].detach().numpy()                             # (T, kv_len) bool
+    ties = np.zeros(T, dtype=bool)
+    binding = np.zeros(T, dtype=bool)
+    checked = 0
+    for t in range(T):
+        n = t + 1
+        nb = n // r
+        if nb <= k_blocks:
+            continue                                                     # dense: every visible token
+        binding[t] = True
+        s = scores_all[t, :nb]
+        order = sorted(range(nb), key=lambda b: (-s[b], b))
+        last, first_out = s[order[k_blocks - 1]], s[order[k_blocks]]
+        if last - first_out <= TIE_RTOL * max(abs(last), abs(first_out)):
+            ties[t] = True
+            continue
+        want = set()
+        for b in order[:k_blocks]:
+            want.update(range(b * r, b * r + r))
+        want.update(range(nb * r, n))
+        got = set(np.nonzero(sel[t])[0].tolist())
+        if got != want:
+            raise AssertionError(f"QSA layer {module.layer_idx} position {t}: the recomputed block scores select "
+                                 f"{sorted(want)}, transformers selected {sorted(got)}")
+        checked += 1
+    return ties, binding, checked
+
+
+# ------------------------------------------------------------------------------------------------ llama.cpp
+
+def llama_logits(path: Path, prompts: list[list[int]], n_ctx: int = 512) -> list[np.ndarray]:
+    """llama.cpp's per-position logits for each prompt (f32 KV, no flash attention), one context reset between."""
+    llama_cpp = importlib.import_module("llama_cpp")
+    llm = llama_cpp.Llama(str(path), logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=2,
+                          n_ctx=n_ctx, n_batch=n_ctx, verbose=False)
+    try:
+        out = []
+        for ids in prompts:
+            llm.reset()
+            llm.eval(ids)
+            out.append(np.array(llm.scores[: len(ids)], dtype=np.float32))
+        return out
+    finally:
+        llm.close()
+
+
+def llama_quantize(src: Path, dst: Path, ftype_name: str) -> Path:
+    """llama.cpp's own quantizer (llama_model_quantize) with an ftype, e.g. "Q4_K_M" -> LLAMA_FTYPE_MOSTLY_Q4_K_M."""
+    llama_cpp = importlib.import_module("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype_name}) returned {rc}")
+    return dst
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def kl(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(ref || other) per position, in nats."""
+    lp, lq = log_softmax(ref_logits), log_softmax(logits)
+    return (np.exp(lp) * (lp - lq)).sum(-1)

@@ -12,23 +12,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/matmul.h"
 #include "util/error.h"
+
+static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t n, float *y) {
+    strata_mm_item it = {.t = w->t, .w = w->data + (size_t)e * w->mat_bytes, .rows = w->rows, .cols = w->cols,
+                         .x = x, .n = n, .y = y};
+    return it;
+}
+
+static float mat_scale(const mdl_mat *w, int64_t e) {
+    return w->scale ? w->scale[w->n_scale == 1 ? 0 : e] : 1.0f;
+}
 
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fe = hp->ff_exp, Fs = hp->ff_shexp;
-    const int64_t F = Fe > Fs ? Fe : Fs;
     float *logits = malloc((size_t)(L * Ne) * sizeof(float));
     int32_t *pick = malloc((size_t)(L * K) * sizeof(int32_t));
     float *pw = malloc((size_t)(L * K) * sizeof(float));
     int64_t *count = calloc((size_t)Ne + 1, sizeof(int64_t));
     int64_t *slot = malloc((size_t)(L * K) * sizeof(int64_t));   /* (token, k) pairs sorted by expert */
-    float *xg = malloc((size_t)(L * E) * sizeof(float));
-    float *gu = malloc((size_t)(L * 2 * F) * sizeof(float));
-    float *hb = malloc((size_t)(L * F) * sizeof(float));
-    float *out = malloc((size_t)(L * E) * sizeof(float));
+    float *xg = malloc((size_t)(L * K * E) * sizeof(float));
+    float *gu = malloc((size_t)(L * K * 2 * Fe + 2 * L * Fs) * sizeof(float));
+    float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
+    float *out = malloc((size_t)(L * K * E + L * E) * sizeof(float));
+    strata_mm_item *mm = NULL;
     strata_status rc = STRATA_OK;
     if (!logits || !pick || !pw || !count || !slot || !xg || !gu || !hb || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
@@ -69,51 +80,80 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         for (int64_t i = 0; i < L * K; i++) slot[fill[pick[i]]++] = i;
         free(fill);
     }
+    /* Every active expert and the shared expert in two pool jobs: [gate, up] of all, then down
+     * of all. Expert e's tokens sit at rows base[e].. of xg / gu / hb / out. */
+    int64_t n_act = 0;
+    for (int64_t e = 0; e < Ne; e++) n_act += count[e + 1] > count[e];
+    mm = malloc((size_t)(2 * n_act + 2) * sizeof *mm);
+    if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
+    for (int64_t i = 0; i < L * K; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));
+    float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = out + L * K * E;
+    int nm_ = 0;
+    for (int64_t e = 0; e < Ne; e++) {
+        const int64_t n = count[e + 1] - count[e], r0 = count[e];
+        if (!n) continue;
+        if (l->exp_fused) {
+            mm[nm_++] = item(&l->exp_gate, e, xg + r0 * E, n, gu + r0 * 2 * Fe);
+        } else {
+            mm[nm_++] = item(&l->exp_gate, e, xg + r0 * E, n, gu + r0 * 2 * Fe);
+            mm[nm_++] = item(&l->exp_up, e, xg + r0 * E, n, gu + r0 * 2 * Fe + n * Fe);
+        }
+    }
+    mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
+    mm[nm_++] = item(&l->sh_up, 0, u, L, su);
+    if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
+    for (int64_t e = 0; e < Ne; e++) {
+        const int64_t n = count[e + 1] - count[e], r0 = count[e];
+        if (!n) continue;
+        const float s1 = mat_scale(&l->exp_gate, e), s2 = l->exp_fused ? s1 : mat_scale(&l->exp_up, e);
+        const float *g = gu + r0 * 2 * Fe;
+        float *h = hb + r0 * Fe;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t f = 0; f < Fe; f++) {
+                /* fused: row i is [gate Fe | up Fe]; split: all gate rows, then all up rows */
+                const float gv = l->exp_fused ? g[i * 2 * Fe + f] : g[i * Fe + f];
+                const float uv = l->exp_fused ? g[i * 2 * Fe + Fe + f] : g[n * Fe + i * Fe + f];
+                h[i * Fe + f] = mdl_silu(gv * s1) * (uv * s2);
+            }
+    }
+    {
+        const float s1 = mat_scale(&l->sh_gate, 0), s2 = mat_scale(&l->sh_up, 0);
+        for (int64_t i = 0; i < L * Fs; i++) shb[i] = mdl_silu(sg[i] * s1) * (su[i] * s2);
+    }
+    nm_ = 0;
+    for (int64_t e = 0; e < Ne; e++) {
+        const int64_t n = count[e + 1] - count[e], r0 = count[e];
+        if (n) mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
+    }
+    mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
+    if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
+    /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
     memset(y, 0, (size_t)(L * E) * sizeof(float));
     for (int64_t e = 0; e < Ne; e++) {
-        const int64_t n = count[e + 1] - count[e];
+        const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n) continue;
-        const int64_t *sl = slot + count[e];
-        for (int64_t i = 0; i < n; i++) memcpy(xg + i * E, u + (sl[i] / K) * E, (size_t)E * sizeof(float));
-        float *g = gu, *up;
-        if (l->exp_fused) {
-            if ((rc = mdl_matmul(m, &l->exp_gate, e, xg, n, gu))) goto done;
-            for (int64_t i = 0; i < n; i++) {
-                const float *gi = gu + i * 2 * Fe;
-                for (int64_t f = 0; f < Fe; f++) hb[i * Fe + f] = mdl_silu(gi[f]) * gi[Fe + f];
-            }
-        } else {
-            up = gu + n * Fe;
-            if ((rc = mdl_matmul(m, &l->exp_gate, e, xg, n, g))) goto done;
-            if ((rc = mdl_matmul(m, &l->exp_up, e, xg, n, up))) goto done;
-            for (int64_t i = 0; i < n * Fe; i++) hb[i] = mdl_silu(g[i]) * up[i];
-        }
-        if ((rc = mdl_matmul(m, &l->exp_down, e, hb, n, out))) goto done;
+        const float sd = mat_scale(&l->exp_down, e);
         for (int64_t i = 0; i < n; i++) {
-            const float w = pw[sl[i]];
-            float *yt = y + (sl[i] / K) * E;
-            const float *oi = out + i * E;
+            const int64_t sl = slot[r0 + i];
+            const float w = pw[sl] * sd;
+            float *yt = y + (sl / K) * E;
+            const float *oi = out + (r0 + i) * E;
             for (int64_t d = 0; d < E; d++) yt[d] += w * oi[d];
         }
     }
-    /* shared expert, gated by σ(w_seg · x) */
     {
-        float *sg = gu, *su = gu + L * Fs;
-        if ((rc = mdl_matmul(m, &l->sh_gate, 0, u, L, sg))) goto done;
-        if ((rc = mdl_matmul(m, &l->sh_up, 0, u, L, su))) goto done;
-        for (int64_t i = 0; i < L * Fs; i++) hb[i] = mdl_silu(sg[i]) * su[i];
-        if ((rc = mdl_matmul(m, &l->sh_down, 0, hb, L, out))) goto done;
+        const float sd = mat_scale(&l->sh_down, 0);
         for (int64_t t = 0; t < L; t++) {
             const float *ut = u + t * E;
             float d = 0.0f;
             for (int64_t i = 0; i < E; i++) d += l->sh_inp_gate[i] * ut[i];
-            const float gate = mdl_sigmoid(d);
+            const float gate = mdl_sigmoid(d) * sd;
             float *yt = y + t * E;
-            const float *ot = out + t * E;
+            const float *ot = sho + t * E;
             for (int64_t i = 0; i < E; i++) yt[i] += gate * ot[i];
         }
     }
 done:
-    free(logits); free(pick); free(pw); free(count); free(slot); free(xg); free(gu); free(hb); free(out);
+    free(logits); free(pick); free(pw); free(count); free(slot); free(xg); free(gu); free(hb); free(out); free(mm);
     return rc;
 }

@@ -97,3 +97,121 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
     free(buf);
     return STRATA_OK;
 }
+
+/* ---------------------------------------------------------------- several matmuls in one job */
+
+typedef struct {
+    const strata_mm_item *items;
+    int isa;
+    void **xa;             /* per item: activations in its act format (or its x) */
+    size_t *xa_row;
+    const int64_t (*qrows)[2]; /* quantization tasks: (item, row) */
+    const int64_t (*tasks)[3]; /* row tasks: (item, r0, r1) */
+} mm_multi;
+
+static void multi_act_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const mm_multi *M = arg;
+    const int64_t i = M->qrows[task][0], j = M->qrows[task][1];
+    const strata_mm_item *it = &M->items[i];
+    void *dst = (char *)M->xa[i] + (size_t)j * M->xa_row[i];
+    const float *src = it->x + j * it->cols;
+    if (it->t->act == STRATA_ACT_Q8_32) strata_act_quantize_q8_32(src, dst, it->cols, M->isa);
+    else strata_act_quantize_q8_256(src, dst, it->cols, M->isa);
+}
+
+static void multi_mm_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const mm_multi *M = arg;
+    const strata_mm_item *it = &M->items[M->tasks[task][0]];
+    const int64_t r0 = M->tasks[task][1], r1 = M->tasks[task][2];
+    const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
+    const size_t xa_row = M->xa_row[M->tasks[task][0]];
+    const strata_vec_dot_fn dot = it->t->vec_dot[M->isa];
+    const char *w = it->w;
+    float tmp[COL_TILE];
+    for (int64_t j0 = 0; j0 < it->n; j0 += COL_TILE) {
+        const int nc = (int)(it->n - j0 < COL_TILE ? it->n - j0 : COL_TILE);
+        const char *xa = (const char *)M->xa[M->tasks[task][0]] + (size_t)j0 * xa_row;
+        for (int64_t r = r0; r < r1; r++) {
+            dot(it->cols, w + (size_t)r * w_row, xa, xa_row, nc, tmp);
+            for (int c = 0; c < nc; c++) it->y[(j0 + c) * it->rows + r] = tmp[c];
+        }
+    }
+}
+
+strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items) {
+    if (n_items <= 0) return STRATA_OK;
+    void **xa = calloc((size_t)n_items, sizeof(void *));
+    size_t *xa_row = calloc((size_t)n_items, sizeof(size_t));
+    int *owner = calloc((size_t)n_items, sizeof(int));      /* item whose activation buffer it uses */
+    strata_status rc = STRATA_OK;
+    int64_t nq = 0, nt = 0;
+    size_t qbytes = 0;
+    if (!xa || !xa_row || !owner) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory"); goto done0; }
+    const int nth = strata_pool_n_threads(pool);
+    for (int i = 0; i < n_items; i++) {
+        const strata_mm_item *it = &items[i];
+        owner[i] = i;
+        if (it->t->act == STRATA_ACT_F32) { xa_row[i] = (size_t)it->cols * sizeof(float); continue; }
+        if (it->t->act == STRATA_ACT_Q8_256 && it->cols % QK_K) {
+            rc = strata_fail(STRATA_ERR_INTERNAL, "%s: cols %lld not a multiple of 256", it->t->name, (long long)it->cols);
+            goto done0;
+        }
+        xa_row[i] = it->t->act == STRATA_ACT_Q8_32 ? (size_t)(it->cols / 32) * sizeof(act_q8_32)
+                                                    : (size_t)(it->cols / QK_K) * sizeof(act_q8_256);
+        for (int j = 0; j < i; j++)
+            if (owner[j] == j && items[j].x == it->x && items[j].cols == it->cols && items[j].n == it->n &&
+                items[j].t->act == it->t->act) { owner[i] = j; break; }
+        if (owner[i] == i) { nq += it->n; qbytes += xa_row[i] * (size_t)it->n; }
+    }
+    /* row tasks per item, with the single-matmul heuristics */
+    int64_t (*tasks)[3] = NULL;
+    int64_t (*qrows)[2] = NULL;
+    char *qbuf = NULL;
+    for (int i = 0; i < n_items; i++) {
+        const strata_mm_item *it = &items[i];
+        const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
+        const int64_t work_row = (int64_t)w_row * (it->n < COL_TILE ? it->n : COL_TILE);
+        const int64_t min_rows = ((32 << 10) + work_row - 1) / work_row;
+        int64_t rpt = it->rows / ((int64_t)nth * 8);
+        if (rpt > 64) rpt = 64;
+        if (rpt < min_rows) rpt = min_rows;
+        nt += (it->rows + rpt - 1) / rpt;
+    }
+    tasks = malloc((size_t)nt * sizeof *tasks);
+    qrows = malloc((size_t)(nq > 0 ? nq : 1) * sizeof *qrows);
+    qbuf = malloc(qbytes > 0 ? qbytes : 1);
+    if (!tasks || !qrows || !qbuf) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld tasks", (long long)nt); goto done1; }
+    int64_t k = 0, q = 0;
+    size_t off = 0;
+    for (int i = 0; i < n_items; i++) {
+        const strata_mm_item *it = &items[i];
+        const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
+        const int64_t work_row = (int64_t)w_row * (it->n < COL_TILE ? it->n : COL_TILE);
+        const int64_t min_rows = ((32 << 10) + work_row - 1) / work_row;
+        int64_t rpt = it->rows / ((int64_t)nth * 8);
+        if (rpt > 64) rpt = 64;
+        if (rpt < min_rows) rpt = min_rows;
+        for (int64_t r0 = 0; r0 < it->rows; r0 += rpt) {
+            tasks[k][0] = i; tasks[k][1] = r0; tasks[k][2] = r0 + rpt < it->rows ? r0 + rpt : it->rows;
+            k++;
+        }
+        if (it->t->act == STRATA_ACT_F32) { xa[i] = (void *)it->x; continue; }
+        if (owner[i] == i) {
+            xa[i] = qbuf + off;
+            off += xa_row[i] * (size_t)it->n;
+            for (int64_t j = 0; j < it->n; j++) { qrows[q][0] = i; qrows[q][1] = j; q++; }
+        }
+    }
+    for (int i = 0; i < n_items; i++) if (owner[i] != i) xa[i] = xa[owner[i]];
+    mm_multi M = {.items = items, .isa = isa, .xa = xa, .xa_row = xa_row,
+                  .qrows = (const int64_t (*)[2])qrows, .tasks = (const int64_t (*)[3])tasks};
+    if (nq) strata_pool_run(nq > 1 ? pool : NULL, multi_act_task, &M, nq);
+    strata_pool_run(pool, multi_mm_task, &M, nt);
+done1:
+    free(tasks); free(qrows); free(qbuf);
+done0:
+    free(xa); free(xa_row); free(owner);
+    return rc;
+}

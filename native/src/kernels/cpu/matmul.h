@@ -11,4 +11,17 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
                                 const void *w, int64_t rows, int64_t cols, const float *x,
                                 int64_t n, float *y);
 
+/* One of several independent products run as one pool job (e.g. every expert of a MoE layer):
+ * y[j*rows + r] = dot(W row r, x row j) for j < n. Items that share x (same pointer, cols, n and
+ * activation format) share its quantization. Each output equals strata_matmul_run's. */
+typedef struct {
+    const strata_qtraits *t;
+    const void *w;       /* rows x cols in t's format */
+    int64_t rows, cols;
+    const float *x;      /* n x cols */
+    int64_t n;
+    float *y;            /* n x rows */
+} strata_mm_item;
+strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items);
+
 #endif

@@ -1,0 +1,422 @@
+"""generate.py — one request: prompt -> tokens -> sampled continuation -> text, with stats.
+
+    c = generate(model, "Once upon a time", max_tokens=64, temperature=0.7, seed=1)
+    c.text, c.tokens, c.finish_reason, c.stats          # finish_reason "stop" | "length"
+
+    s = generate(model, prompt, stream=True)             # a CompletionStream
+    for piece in s: print(piece, end="")
+    s.completion                                         # the same Completion, once iterated
+
+    create_completion(model, prompt, ...)                # llama-cpp-python's dict shapes (OpenAI)
+    create_chat_completion(model, messages, ...)         # rendered with the model's chat template
+
+The loop (DESIGN §5, without MTP): prefill the part of the prompt the session does not already hold,
+then sample -> check stop -> evaluate the sampled token, one token at a time. Text is decoded through
+the tokenizer's StreamDecoder (a character split across tokens is emitted whole) and through
+sampling.StopStream (text that may be the start of a stop string is held back; the stop string itself is
+never emitted). An end-of-generation token (EOS, EOT, or a control token such as <|im_end|>) ends the
+request with "stop" and is neither emitted nor part of `tokens`; max_tokens, or a full context, end it
+with "length".
+
+Prefix reuse: each session remembers the tokens its state holds (every evaluated token, i.e. the
+prompt and every generated token but the last) and the logits after the last one. A request whose
+tokens continue that history exactly evaluates only the new tokens (`reused_prompt_tokens` counts the
+rest); a request equal to the history evaluates nothing. Anything else resets the session: the Gated
+DeltaNet state cannot be rewound, so until checkpoints exist a shared prefix that is not the whole
+history is not reusable. The history is trusted only while the session's n_past matches it; a session
+evaluated directly (sess.eval) is reset before it is used here. A failure or an interrupt (Ctrl-C)
+inside an evaluation leaves the state unknown: the history is dropped and the next request starts over.
+
+Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not apply):
+    prompt_tokens          tokens of the prompt
+    reused_prompt_tokens   of those, held by the session already (not evaluated again)
+    generated_tokens       tokens sampled, an ending EOS included (it cost a step too)
+    prefill_s, prefill_tps the evaluation of the prompt's new tokens (absent when there were none)
+    ttft_s                 request start (tokenizing included) to the first sampled token
+    decode_s, decode_tps   first sampled token to the end; tps = decode steps / decode_s
+                           (absent with fewer than two sampled tokens)
+"""
+from __future__ import annotations
+
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams, StopCriteria
+
+# Control tokens that end a turn in the chat formats Strata meets (ChatML/Qwen first); a file's own
+# eos/eot/eom ids are added to these.
+_EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>")
+
+STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "prefill_s", "prefill_tps",
+              "ttft_s", "decode_s", "decode_tps")
+
+
+@dataclass
+class Completion:
+    """The result of one request."""
+    text: str
+    tokens: list[int]
+    finish_reason: str                       # "stop" (EOS or a stop string) or "length"
+    stats: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The `--json` form: exactly {"text", "tokens", "finish_reason", "stats"}."""
+        return {"text": self.text, "tokens": list(self.tokens), "finish_reason": self.finish_reason,
+                "stats": dict(self.stats)}
+
+
+class CompletionStream:
+    """What generate(stream=True) returns: iterate it for text pieces (joined, they are the
+    completion's text); afterwards `.completion` holds the Completion. Iterate it once."""
+
+    def __init__(self, gen: Iterator[str]):
+        self._gen = gen
+        self._used = False
+        self.completion: Completion | None = None
+
+    def __iter__(self):
+        if self._used:
+            raise RuntimeError("a CompletionStream can be iterated only once")
+        self._used = True
+        self.completion = yield from self._gen
+
+    def close(self) -> None:
+        """Stop early (the session keeps every token evaluated so far)."""
+        self._gen.close()
+
+
+# ------------------------------------------------------------------------------------ sessions
+
+
+class _History:
+    """The tokens a session's state holds, and the logits after the last of them."""
+
+    __slots__ = ("tokens", "logits")
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.logits: np.ndarray | None = None
+
+
+_histories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_eog_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _history(sess) -> _History:
+    h = _histories.get(sess)
+    if h is None or len(h.tokens) != sess.n_past:
+        # unknown to us, or evaluated behind our back: only a fresh start is safe
+        if sess.n_past:
+            sess.reset()
+        h = _History()
+        _histories[sess] = h
+    return h
+
+
+def default_session(model):
+    """The session generate() uses for `model` when none is given (one per model, so that
+    consecutive requests reuse what they share)."""
+    s = getattr(model, "_generate_session", None)
+    if s is None:
+        s = model.session()
+        model._generate_session = s      # lives and dies with the model
+    return s
+
+
+def forget(sess) -> None:
+    """Reset a session and its history (what chat's /reset does)."""
+    sess.reset()
+    _histories.pop(sess, None)
+
+
+def _eval(sess, hist: _History, ids: list[int]) -> np.ndarray:
+    """Evaluate ids after the session's state and record them; on any failure or interrupt the
+    state is unknown, so the history is dropped (the next request resets the session)."""
+    try:
+        logits = sess.eval(ids)
+        hist.tokens.extend(ids)
+        hist.logits = logits
+    except BaseException:
+        _histories.pop(sess, None)               # _history() resets the session next time
+        raise
+    return logits
+
+
+def _plan_reuse(sess, ids: list[int]) -> tuple[_History, int]:
+    """(history, tokens of ids the state already holds); resets the session when it cannot reuse."""
+    hist = _history(sess)
+    n = len(hist.tokens)
+    if n and n <= len(ids) and hist.tokens == ids[:n] and (n < len(ids) or hist.logits is not None):
+        return hist, n
+    if n:
+        forget(sess)
+        hist = _history(sess)
+    return hist, 0
+
+
+# ------------------------------------------------------------------------------------ prompt, EOS
+
+
+def end_of_generation_ids(model) -> frozenset[int]:
+    """Ids that end a generation: the file's EOS / EOT / EOM ids and the chat control tokens of
+    _EOG_TEXTS that the vocabulary has as single special tokens."""
+    cached = _eog_cache.get(model)
+    if cached is not None:
+        return cached
+    md = model.metadata
+    ids = set()
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        v = md.get(key)
+        if isinstance(v, (int, np.integer)) and 0 <= int(v) < model.n_vocab:
+            ids.add(int(v))
+    for text in _EOG_TEXTS:
+        special = model.tokenize(text, add_special=False, parse_special=True)
+        if len(special) == 1 and model.tokenize(text, add_special=False, parse_special=False) != special:
+            ids.add(special[0])
+    out = frozenset(ids)
+    try:
+        _eog_cache[model] = out
+    except TypeError:
+        pass
+    return out
+
+
+def prompt_ids(model, prompt: str | Sequence[int], add_special: bool = True) -> list[int]:
+    """Token ids of a prompt given as text or as ids (checked against the vocabulary)."""
+    if isinstance(prompt, str):
+        ids = model.tokenize(prompt, add_special=add_special, parse_special=True)
+    else:
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise ValueError("prompt must be a string or a list of token ids") from None
+        bad = [t for t in ids if not 0 <= t < model.n_vocab]
+        if bad:
+            raise ValueError(f"prompt token {bad[0]} is outside the vocabulary (0..{model.n_vocab - 1})")
+    if not ids:
+        raise ValueError("the prompt is empty (it has no tokens); give some text")
+    return ids
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float):
+    """Generator: yields text pieces, returns the Completion."""
+    n_ctx = model.n_ctx
+    if len(ids) > n_ctx:
+        raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {n_ctx}; "
+                         f"shorten the prompt or raise n_ctx (--n-ctx)")
+    sampler = Sampler(params)
+    crit = StopCriteria(params.stop, eog, params.max_tokens)
+    hist, reused = _plan_reuse(sess, ids)
+    stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
+
+    if reused < len(ids):
+        t0 = time.perf_counter()
+        logits = _eval(sess, hist, ids[reused:])
+        dt = time.perf_counter() - t0
+        stats["prefill_s"] = dt
+        if dt > 0:
+            stats["prefill_tps"] = (len(ids) - reused) / dt
+    else:
+        logits = hist.logits
+
+    dec = model.tokenizer.stream()
+    history = list(ids)            # what the penalties look at: prompt + sampled tokens
+    out_tokens: list[int] = []
+    parts: list[str] = []
+    n_sampled = 0
+    t_first = None
+    while not crit.done:
+        tok = sampler.sample(logits, history)
+        n_sampled += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+            stats["ttft_s"] = t_first - t_start
+        history.append(tok)
+        if tok in eog:
+            tail = dec.flush()                # an unfinished character before the end (U+FFFD)
+            emit = crit.text.push(tail) if tail else ""
+            emit += crit.feed(tok, "")
+        else:
+            out_tokens.append(tok)
+            piece = dec.push(tok)
+            if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
+                piece += dec.flush()          # the last token: release an unfinished character
+            emit = crit.feed(tok, piece)
+        if not crit.done and sess.n_past >= n_ctx:
+            emit += crit.text.push(dec.flush())
+            emit += crit.finish("length")     # the context is full: the sampled token cannot be evaluated
+        if emit:
+            parts.append(emit)
+            yield emit
+        if crit.done:
+            break
+        logits = _eval(sess, hist, [tok])
+
+    stats["generated_tokens"] = n_sampled
+    if t_first is not None and n_sampled > 1:
+        dt = time.perf_counter() - t_first
+        stats["decode_s"] = dt
+        if dt > 0:
+            stats["decode_tps"] = (n_sampled - 1) / dt
+    stats = {k: stats[k] for k in STATS_KEYS if k in stats}
+    return Completion("".join(parts), out_tokens, crit.finish_reason, stats)
+
+
+def _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+            frequency_penalty, seed, stop, logit_bias) -> SamplingParams:
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                          seed=seed, stop=[] if stop is None else stop, logit_bias=logit_bias,
+                          max_tokens=max_tokens)
+
+
+def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, temperature: float = 0.8,
+             top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+             repeat_last_n: int = 64, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+             seed: int | None = None, stop: str | Sequence[str] | None = None,
+             logit_bias: dict[int, float] | None = None, stream: bool = False, session=None,
+             add_special: bool = True) -> Completion | CompletionStream:
+    """Continue `prompt` (text, or token ids) on `model`. Sampling arguments and defaults are
+    llama.cpp's (sampling.py documents each); max_tokens None or < 0: until an end-of-generation
+    token or a full context. `session`: a model.session() whose state to continue from (prefix
+    reuse, see the module docstring); default: one session per model, shared by these calls.
+    stream=False returns a Completion; stream=True a CompletionStream of text pieces."""
+    t_start = time.perf_counter()
+    params = _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                     presence_penalty, frequency_penalty, seed, stop, logit_bias)
+    ids = prompt_ids(model, prompt, add_special)
+    sess = session if session is not None else default_session(model)
+    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start)
+    if stream:
+        return CompletionStream(gen)
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop_it:
+        return stop_it.value
+
+
+# ------------------------------------------------------------------------------------ OpenAI shapes
+
+
+def _usage(c: Completion) -> dict:
+    n_prompt = c.stats.get("prompt_tokens", 0)
+    return {"prompt_tokens": n_prompt, "completion_tokens": len(c.tokens),
+            "total_tokens": n_prompt + len(c.tokens)}
+
+
+def _unsupported(**given) -> None:
+    for name, value in given.items():
+        if value not in (None, False, [], {}):
+            raise ValueError(f"{name} is not supported by Strata yet; leave it out")
+
+
+def create_completion(llm, prompt: str | Sequence[int], /, suffix: str | None = None,
+                      max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
+                      min_p: float = 0.05, logprobs: int | None = None, echo: bool = False,
+                      stop: str | Sequence[str] | None = None, frequency_penalty: float = 0.0,
+                      presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                      stream: bool = False, seed: int | None = None, model: str | None = None,
+                      logit_bias: dict[int, float] | None = None, session=None):
+    """llama-cpp-python's Llama.create_completion: returns {"id", "object": "text_completion",
+    "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason"}], "usage"}, or with
+    stream=True an iterator of such chunks (one per piece of text, then one with the finish reason).
+    Same defaults (max_tokens 16). Not supported: suffix, logprobs."""
+    _unsupported(suffix=suffix, logprobs=logprobs)
+    cid = f"cmpl-{uuid.uuid4()}"
+    created = int(time.time())
+    name = model if model is not None else llm.path
+    prefix = (prompt if isinstance(prompt, str) else llm.detokenize(prompt)) if echo else ""
+    res = generate(llm, prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   min_p=min_p, repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                   frequency_penalty=frequency_penalty, seed=seed, stop=stop, logit_bias=logit_bias,
+                   stream=stream, session=session)
+
+    def chunk(text, finish):
+        return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+
+    if not stream:
+        out = chunk(prefix + res.text, res.finish_reason)
+        out["usage"] = _usage(res)
+        return out
+
+    def chunks():
+        if prefix:
+            yield chunk(prefix, None)
+        for piece in res:
+            yield chunk(piece, None)
+        yield chunk("", res.completion.finish_reason)
+    return chunks()
+
+
+def render_messages(llm, messages: list[dict], tools: list[dict] | None = None,
+                    chat_template: str | None = None, **template_kwargs) -> str:
+    """The prompt text for a conversation under the model's chat template (ChatML if it has none),
+    ending with an open assistant turn. chat_template names one of the file's templates."""
+    from .chat import chat_template_from_metadata, render_chat
+
+    md = llm.metadata
+    template = chat_template_from_metadata(md, chat_template, tools)
+    special = {}
+    tok = llm.tokenizer
+    for name, tid in (("bos_token", getattr(tok, "bos_id", None)), ("eos_token", getattr(tok, "eos_id", None))):
+        if tid is not None:
+            special[name] = tok.token_bytes(tid).decode("utf-8", "replace")
+    return render_chat(template, messages, add_generation_prompt=True, tools=tools, **special, **template_kwargs)
+
+
+def create_chat_completion(llm, messages: list[dict], /, functions=None, function_call=None,
+                           tools: list[dict] | None = None, tool_choice=None, temperature: float = 0.2,
+                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, stream: bool = False,
+                           stop: str | Sequence[str] | None = None, seed: int | None = None,
+                           response_format=None, max_tokens: int | None = None, presence_penalty: float = 0.0,
+                           frequency_penalty: float = 0.0, repeat_penalty: float = 1.0, model: str | None = None,
+                           logit_bias: dict[int, float] | None = None, logprobs: bool | None = None,
+                           top_logprobs: int | None = None, session=None, chat_template: str | None = None,
+                           **template_kwargs):
+    """llama-cpp-python's Llama.create_chat_completion: returns {"id": "chatcmpl-…", "object":
+    "chat.completion", "created", "model", "choices": [{"index", "message": {"role": "assistant",
+    "content"}, "logprobs", "finish_reason"}], "usage"}, or with stream=True an iterator of
+    "chat.completion.chunk" dicts (a first delta {"role": "assistant"}, then {"content": piece}, then
+    an empty delta with the finish reason). Same defaults (temperature 0.2, max_tokens None: until the
+    turn ends or the context is full). The prompt is the conversation rendered by the model's chat
+    template (template_kwargs such as enable_thinking=False go to the template); `tools` are shown to
+    the model through it, but tool calls are returned as text. Not supported: functions,
+    function_call, tool_choice, response_format, logprobs, top_logprobs."""
+    _unsupported(functions=functions, function_call=function_call, tool_choice=tool_choice,
+                 response_format=response_format, logprobs=logprobs, top_logprobs=top_logprobs)
+    text = render_messages(llm, messages, tools=tools, chat_template=chat_template, **template_kwargs)
+    ids = prompt_ids(llm, text, add_special=False)     # the template writes any BOS itself
+    cid = f"chatcmpl-{uuid.uuid4()}"
+    created = int(time.time())
+    name = model if model is not None else llm.path
+    res = generate(llm, ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   min_p=min_p, repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                   frequency_penalty=frequency_penalty, seed=seed, stop=stop, logit_bias=logit_bias,
+                   stream=stream, session=session)
+    if not stream:
+        return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
+                             "logprobs": None, "finish_reason": res.finish_reason}],
+                "usage": _usage(res)}
+
+    def chunk(delta, finish):
+        return {"id": cid, "model": name, "created": created, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    def chunks():
+        yield chunk({"role": "assistant"}, None)
+        for piece in res:
+            yield chunk({"content": piece}, None)
+        yield chunk({}, res.completion.finish_reason)
+    return chunks()

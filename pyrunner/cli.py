@@ -177,5 +177,263 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         click.echo(b.format_model_table(res))
 
 
+# ------------------------------------------------------------------ generate, chat, batch
+
+from .sampling import click_options as sampling_options  # noqa: E402  (the sampling flags, DESIGN §9)
+
+
+def _engine_options(f):
+    """-m and the engine flags (DESIGN §9) shared by generate, chat and batch; a flag left unset is not
+    passed, so pyrunner.Model's own default applies."""
+    opts = [
+        click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="The GGUF model file (default: the built-in random-weight demo model)."),
+        click.option("--threads", type=int, default=None, help="CPU threads (default: one per core)."),
+        click.option("--n-ctx", "n_ctx", type=int, default=None, help="Context length in tokens [default: 32768]."),
+        click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default=None,
+                     help="KV cache type [default: f16]."),
+        click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default=None, help="Where experts run [default: cpu]."),
+        click.option("--cache-gib", type=float, default=None, help="Expert cache size on the device, GiB."),
+        click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
+        click.option("--prefill-chunk", type=int, default=None, help="Prefill chunk, tokens [default: 8192]."),
+        click.option("--mtp", type=int, default=None, help="Tokens drafted per step by the MTP head (0 = off)."),
+        click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode")
+
+
+def _with_env(cmd: click.Command) -> click.Command:
+    """Every option of cmd also reads STRATA_<LONG_NAME> from the environment (DESIGN §9)."""
+    for p in cmd.params:
+        if isinstance(p, click.Option) and not p.envvar:
+            longs = [o for o in p.opts if o.startswith("--")]
+            if longs:
+                p.envvar = "STRATA_" + max(longs, key=len)[2:].upper().replace("-", "_")
+                p.show_envvar = True
+    return cmd
+
+
+def _open_model(kwargs: dict):
+    """pyrunner.Model from the popped -m / engine flags; with no -m, the demo model (built on first use)."""
+    from .model import Model
+    from ._native import StrataError
+    from .models import DEMO_NOTICE, MakeModelError, default_model
+
+    path = kwargs.pop("model_path")
+    engine = {k: kwargs.pop(k) for k in _ENGINE if kwargs.get(k) is not None}
+    for k in _ENGINE:
+        kwargs.pop(k, None)
+    try:
+        if path is None:
+            path = default_model(log=lambda s: click.echo(s, err=True))
+            click.echo(DEMO_NOTICE.format(path=path), err=True)
+        return Model(path, **engine)
+    except (MakeModelError, StrataError, ValueError, OSError) as e:
+        raise _fail(e) from None
+
+
+def _sampling(kwargs: dict, max_tokens: int):
+    from .sampling import params_from_cli
+
+    try:
+        return params_from_cli(kwargs, max_tokens=max_tokens)
+    except ValueError as e:
+        raise _fail(e) from None
+
+
+def _stats_line(stats: dict, finish_reason: str | None = None) -> str:
+    """One human line from generate.py's stats."""
+    s = stats
+    parts = [f"prompt {s.get('prompt_tokens', 0)} tokens"
+             + (f" ({s['reused_prompt_tokens']} reused)" if s.get("reused_prompt_tokens") else "")]
+    if "prefill_s" in s:
+        parts.append(f"prefill {s['prefill_s']:.3f} s ({s.get('prefill_tps', 0):.1f} tok/s)")
+    if "ttft_s" in s:
+        parts.append(f"first token {s['ttft_s']:.3f} s")
+    parts.append(f"generated {s.get('generated_tokens', 0)} tokens")
+    if "decode_s" in s:
+        parts.append(f"decode {s['decode_s']:.3f} s ({s.get('decode_tps', 0):.1f} tok/s)")
+    if finish_reason:
+        parts.append(f"finish: {finish_reason}")
+    return ", ".join(parts)
+
+
+@_with_env
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
+              help="Tokens to generate at most (-1: until the model ends or the context is full).")
+@sampling_options
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"text", "tokens", "finish_reason", "stats"} as one JSON object.')
+@_engine_options
+def generate(prompt, max_tokens, as_json, **kwargs):
+    """Continue PROMPT (or standard input when PROMPT is absent or "-"), streaming the text; timings on
+    standard error."""
+    from ._native import StrataError
+    from .generate import generate as run
+
+    if prompt is None or prompt == "-":
+        if sys.stdin.isatty() and prompt is None:
+            raise click.ClickException('give a prompt: strata generate "Once upon a time" (or pipe text in)')
+        prompt = sys.stdin.read()
+    params = _sampling(kwargs, max_tokens)
+    model = _open_model(kwargs)
+    try:
+        with model:
+            if as_json:
+                c = run(model, prompt, **_asdict(params))
+                click.echo(json.dumps(c.to_dict(), ensure_ascii=False))
+                return
+            stream = run(model, prompt, stream=True, **_asdict(params))
+            for piece in stream:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+            click.echo("")
+            click.echo(_stats_line(stream.completion.stats, stream.completion.finish_reason), err=True)
+    except (StrataError, ValueError) as e:
+        raise _fail(e) from None
+
+
+def _asdict(params) -> dict:
+    from dataclasses import asdict
+
+    return asdict(params)
+
+
+_CHAT_HELP = ("/reset forgets the conversation, /stats shows the last answer's timings, /exit quits (so "
+              "does Ctrl-D); end a line with \\ to continue the message on the next line; Ctrl-C stops "
+              "an answer.")
+
+
+def _read_message(interactive: bool) -> str | None:
+    """One user message (lines ending in a backslash continue it); None at end of input."""
+    lines = []
+    while True:
+        if interactive:
+            try:
+                line = input("> " if not lines else ". ")
+            except EOFError:
+                line = None
+        else:
+            line = sys.stdin.readline()
+            line = line.rstrip("\n").rstrip("\r") if line else None
+        if line is None:
+            return "\n".join(lines) if lines else None
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+@_with_env
+@main.command()
+@click.option("-n", "--n-predict", "max_tokens", type=int, default=512, show_default=True,
+              help="Tokens per answer at most (-1: until the model ends its turn or the context is full).")
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+@sampling_options
+@_engine_options
+def chat(max_tokens, system, **kwargs):
+    """Talk with the model in its chat template, answers streamed. Reads standard input, so a
+    conversation can be piped in. /reset forgets the conversation, /stats shows the last answer's
+    timings, /exit quits (so does Ctrl-D); end a line with a backslash to continue the message on the
+    next line; Ctrl-C stops an answer, not the program."""
+    from ._native import StrataError
+    from .chat import ChatTemplateError
+    from .generate import forget, generate as run, prompt_ids, render_messages
+
+    params = _asdict(_sampling(kwargs, max_tokens))
+    model = _open_model(kwargs)
+    interactive = sys.stdin.isatty()
+    base = [{"role": "system", "content": system}] if system else []
+    messages = list(base)
+    last = None
+    with model:
+        sess = model.session()
+        if interactive:
+            click.echo(f"strata chat: {model.path}. {_CHAT_HELP}", err=True)
+        while True:
+            try:
+                text = _read_message(interactive)
+            except KeyboardInterrupt:
+                click.echo("\n(Ctrl-C stops an answer; /exit or Ctrl-D quits)", err=True)
+                continue
+            if text is None:
+                break
+            cmd = text.strip()
+            if not cmd:
+                continue
+            if cmd.startswith("/") and "\n" not in cmd:
+                if cmd in ("/exit", "/quit"):
+                    break
+                if cmd == "/reset":
+                    messages = list(base)
+                    forget(sess)
+                    last = None
+                    click.echo("(conversation cleared)")
+                elif cmd == "/stats":
+                    click.echo(f"({_stats_line(last[0], last[1])}; context {sess.n_past}/{model.n_ctx} tokens)"
+                               if last else "(no answer yet)")
+                else:
+                    click.echo(f"(unknown command {cmd}; {_CHAT_HELP})")
+                continue
+            messages.append({"role": "user", "content": text})
+            try:
+                ids = prompt_ids(model, render_messages(model, messages), add_special=False)
+                stream = run(model, ids, session=sess, stream=True, **params)
+                parts = []
+                try:
+                    for piece in stream:
+                        parts.append(piece)
+                        click.echo(piece, nl=False)
+                        sys.stdout.flush()
+                    last = (stream.completion.stats, stream.completion.finish_reason)
+                except KeyboardInterrupt:
+                    click.echo(" (stopped)", nl=False)
+                    last = None
+                click.echo("")
+                messages.append({"role": "assistant", "content": "".join(parts)})
+            except (ChatTemplateError, StrataError, ValueError) as e:
+                messages.pop()
+                click.echo(f"error: {e}" + ("; /reset starts a new conversation" if "context" in str(e) else ""),
+                           err=True)
+
+
+@_with_env
+@main.command()
+@click.argument("in_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="Results, one JSON line per request, appended; requests already there are skipped.")
+@click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
+              help="Default max_tokens of a request (-1: until the model ends or the context is full).")
+@sampling_options
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@_engine_options
+def batch(in_path, out_path, max_tokens, quiet, **kwargs):
+    """Run the requests in IN.jsonl ({"id", "prompt"} or {"id", "messages"} per line, plus optional
+    OpenAI-named sampling fields) and append one JSON line per result to OUT.jsonl; a line that cannot
+    run gets an "error" field and the run goes on. Re-running the same command resumes: ids already in
+    OUT.jsonl are skipped. The flags are the defaults of every request."""
+    from ._native import StrataError
+    from .batch import BatchError, run_batch
+
+    params = _sampling(kwargs, max_tokens)
+    model = _open_model(kwargs)
+    try:
+        with model:
+            counts = run_batch(model, in_path, out_path, params, progress=not quiet)
+    except (BatchError, StrataError) as e:
+        raise _fail(e) from None
+    click.echo(f"batch: {counts['total']} requests in {in_path}: {counts['done']} run, {counts['errors']} with errors, "
+               f"{counts['skipped']} already in {out_path}"
+               + (f", {counts['duplicates']} duplicate ids ignored" if counts["duplicates"] else ""), err=True)
+
+
 if __name__ == "__main__":
     main()

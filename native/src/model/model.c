@@ -30,20 +30,26 @@ strata_model_params strata_model_default_params(void) {
     return p;
 }
 
-strata_status strata_model_load(const char *path, const strata_model_params *params, strata_model **out) {
-    if (!path || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: path and out are required");
+strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, strata_model **out) {
     strata_model_params p = params ? *params : strata_model_default_params();
     if (p.n_ctx <= 0) p.n_ctx = 32768;
     if (p.n_ubatch <= 0) p.n_ubatch = 512;
-    if (p.kv_type < STRATA_KV_F32 || p.kv_type > STRATA_KV_INT8)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: kv_type %d (use 0 f32, 1 f16, 2 int8)", p.kv_type);
-    if (p.n_ctx > (int64_t)1 << 30)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: n_ctx %lld is too large", (long long)p.n_ctx);
+    if (p.kv_type < STRATA_KV_F32 || p.kv_type > STRATA_KV_INT8) {
+        strata_gguf_close(g);
+        return strata_fail(STRATA_ERR_INVALID_ARG, "model: kv_type %d (use 0 f32, 1 f16, 2 int8)", p.kv_type);
+    }
+    if (p.n_ctx > (int64_t)1 << 30) {
+        strata_gguf_close(g);
+        return strata_fail(STRATA_ERR_INVALID_ARG, "model: n_ctx %lld is too large", (long long)p.n_ctx);
+    }
     strata_model *m = calloc(1, sizeof *m);
-    if (!m) return strata_fail(STRATA_ERR_NOMEM, "strata_model_load: no memory");
+    if (!m) {
+        strata_gguf_close(g);
+        return strata_fail(STRATA_ERR_NOMEM, "model: no memory");
+    }
     m->params = p;
-    strata_status rc = strata_gguf_open(path, &m->gguf);
-    if (rc) { free(m); return rc; }
+    m->gguf = g;
+    strata_status rc;
     if ((rc = mdl_model_load(m))) goto fail;
     strata_context_params cp = strata_context_default_params();
     cp.n_threads = p.n_threads;
@@ -56,6 +62,14 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 fail:
     strata_model_free(m);
     return rc;
+}
+
+strata_status strata_model_load(const char *path, const strata_model_params *params, strata_model **out) {
+    if (!path || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_load: path and out are required");
+    strata_gguf *g;
+    strata_status rc = strata_gguf_open(path, &g);
+    if (rc) return rc;
+    return mdl_model_open(g, params, out);
 }
 
 void strata_model_free(strata_model *m) {

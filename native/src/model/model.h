@@ -191,6 +191,9 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
 /* Adds PLE(X) to X for tokens ids[0..L). */
 strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
 
+/* model.c: a model over an open GGUF, which it owns from here on (closed on failure too). */
+strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, strata_model **out);
+
 /* load.c: hyperparameters and weights (m->gguf, m->params set); release frees owned copies. */
 strata_status mdl_model_load(strata_model *m);
 void mdl_model_release(strata_model *m);

@@ -234,3 +234,38 @@ def kl(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """KL(ref || other) per position, in nats."""
     lp, lq = log_softmax(ref_logits), log_softmax(logits)
     return (np.exp(lp) * (lp - lq)).sum(-1)
+
+
+def dequantized_copy(src: Path, dst: Path) -> Path:
+    """The GGUF src with every tensor dequantized to F32 by Strata's dequantizer (bit-exact against gguf.quants)
+    and every `X.scale` multiplied into X.weight: the same weights, so that an engine's own activation quantization
+    can be told apart from how it reads the blocks."""
+    import gguf
+
+    from pyrunner import quant
+    from pyrunner.gguf import GGUFFile
+
+    r, g = gguf.GGUFReader(str(src)), GGUFFile(str(src))
+    w = gguf.GGUFWriter(str(dst), "qwen4exp")
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(k, f.contents(), vt, sub_type=f.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+    tensors = g.tensors()
+    names = {t["name"] for t in tensors}
+    for t in tensors:
+        if t["name"].endswith(".scale"):
+            continue
+        n = int(np.prod(t["shape"]))
+        a = quant.dequantize(t["type"], bytes(g.tensor_data(t["name"])), n)
+        sname = t["name"][: -len(".weight")] + ".scale"
+        if sname in names:
+            s = np.frombuffer(bytes(g.tensor_data(sname)), dtype="<f4")
+            a = (a.reshape(len(s), -1) * s[:, None]).reshape(-1)
+        w.add_tensor(t["name"], a.reshape(list(reversed(t["shape"]))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -1,0 +1,79 @@
+"""`strata bench model` (pyrunner.bench.bench_model) on the tiny preset: the JSON structure, the numbers are
+positive and consistent with each other, the prompt is the fixed seeded one, the human table, clean errors.
+Nothing here asserts a speed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pyrunner import bench
+from pyrunner.cli import main
+from pyrunner.models import make_model
+
+RATE_KEYS = {"prefill_tps", "decode_tps", "prefill_s", "decode_s", "prompt_tokens", "generated_tokens", "load_s"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench_model") / "tiny-q8_0.gguf"
+    make_model("tiny", str(out), "q8_0", 0)
+    return out
+
+
+def _check_rates(r: dict, prompt: int, gen: int) -> None:
+    assert set(r) == RATE_KEYS
+    assert r["prompt_tokens"] == prompt and r["generated_tokens"] == gen
+    for k in ("prefill_s", "decode_s", "prefill_tps", "decode_tps"):
+        assert r[k] > 0, k
+    assert r["load_s"] >= 0
+    assert r["prefill_tps"] == pytest.approx(prompt / r["prefill_s"])
+    assert r["decode_tps"] == pytest.approx(gen / r["decode_s"])
+
+
+def test_json_vs_llama_cpp(tiny):
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(tiny), "--json", "--vs-llama-cpp",
+                                    "--prompt-tokens", "24", "--gen-tokens", "6", "--threads", "2"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)                 # progress lines go to stderr
+    assert {"strata", "llama_cpp", "ratios", "settings", "same_tokens"} <= set(out)
+    _check_rates(out["strata"], 24, 6)
+    _check_rates(out["llama_cpp"], 24, 6)
+    for k in ("prefill_tps", "decode_tps"):
+        assert out["ratios"][k] == pytest.approx(out["strata"][k] / out["llama_cpp"][k])
+    s = out["settings"]
+    assert (s["threads"], s["prompt_tokens"], s["gen_tokens"], s["kv_type"]) == (2, 24, 6, "f16")
+    assert s["llama_cpp_kv"] == "K f16, V f16, flash attention off"
+    assert isinstance(out["same_tokens"], bool)
+
+
+def test_table_strata_only(tiny):
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(tiny), "--prompt-tokens", "16", "--gen-tokens", "4",
+                                    "--kv-type", "f32"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    row = next(line for line in lines if line.startswith("strata "))
+    assert float(row.split()[1]) > 0 and float(row.split()[2]) > 0
+    assert not any(line.startswith(("llama.cpp", "ratio")) for line in lines)
+
+
+def test_prompt_is_fixed_and_in_vocab():
+    a = bench.bench_prompt(320, 512)
+    assert a == bench.bench_prompt(320, 512) and len(a) == 512
+    assert 0 <= min(a) and max(a) < 320 and len(set(a)) > 200
+    assert bench.bench_prompt(320, 512, seed=1) != a
+
+
+def test_errors_are_clean(tiny, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(bad), "--gen-tokens", "1", "--prompt-tokens", "2"])
+    assert res.exit_code == 1 and "bad.gguf" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(tiny), "--prompt-tokens", "0"])
+    assert res.exit_code == 1 and "--prompt-tokens" in res.output
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(tiny), "--kv-type", "q4"])
+    assert res.exit_code == 2
+    res = CliRunner().invoke(main, ["bench", "model", "-m", str(tmp_path / "missing.gguf")])
+    assert res.exit_code == 2 and "missing.gguf" in res.output

@@ -3,7 +3,9 @@ library) and fuzzes every parser for a bounded time:
   - fuzz_gguf: the GGUF reader, seeded with valid files from tools/make_gguf_corpus.py, for
     STRATA_FUZZ_SECONDS (default 60);
   - fuzz_tokenizer: the tokenizer's encoder and vocabulary parser, seeded with texts and a
-    vocabulary, for STRATA_FUZZ_TOKENIZER_SECONDS (default 30).
+    vocabulary, for STRATA_FUZZ_TOKENIZER_SECONDS (default 30);
+  - fuzz_model: the qwen4exp loader (hyperparameters, tensor shapes) and a short forward on
+    whatever loads, seeded with `micro` preset models, for STRATA_FUZZ_MODEL_SECONDS (default 30).
 Any crash, sanitizer report, timeout or OOM fails the test; the offending inputs are kept
 under build/fuzz/artifacts for reproduction (`build/fuzz/fuzz/<target> <file>`)."""
 from __future__ import annotations
@@ -43,19 +45,20 @@ def fuzzers() -> Path:
     jobs = os.environ.get("STRATA_BUILD_JOBS", "2")
     _run([cmake, "-S", ROOT / "native", "-B", BUILD, f"-DCMAKE_C_COMPILER={clang}", "-DSTRATA_FUZZ=ON",
           "-DSTRATA_CUDA=OFF", "-DCMAKE_BUILD_TYPE=RelWithDebInfo", f"-DPython3_EXECUTABLE={sys.executable}"])
-    _run([cmake, "--build", BUILD, "--target", "fuzz_gguf", "fuzz_tokenizer", "-j", jobs])
-    for name in ("fuzz_gguf", "fuzz_tokenizer"):
+    _run([cmake, "--build", BUILD, "--target", "fuzz_gguf", "fuzz_tokenizer", "fuzz_model",
+          "-j", jobs])
+    for name in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_model"):
         assert (BUILD / "fuzz" / name).is_file(), f"{name} was not built"
     return BUILD / "fuzz"
 
 
-def _fuzz(fuzzer: Path, seeds: Path, seconds: int, tmp_path: Path):
+def _fuzz(fuzzer: Path, seeds: Path, seconds: int, tmp_path: Path, max_len: int = 65536):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     r = subprocess.run(
-        [str(fuzzer), f"-max_total_time={seconds}", "-max_len=65536", "-timeout=10", "-rss_limit_mb=2048",
+        [str(fuzzer), f"-max_total_time={seconds}", f"-max_len={max_len}", "-timeout=10", "-rss_limit_mb=2048",
          f"-artifact_prefix={artifacts}/", "-print_final_stats=1", str(corpus), str(seeds)],
         capture_output=True, text=True, timeout=seconds + 300)
     found = sorted(p.name for p in artifacts.iterdir())
@@ -88,3 +91,13 @@ def test_fuzz_tokenizer(fuzzers, tmp_path):
     merges = [b"a b", b"ab \xc4\xa0"]
     (seeds / "vocab").write_bytes(bytes([3, len(vocab) - 1]) + b"\x00".join(vocab + merges))
     _fuzz(fuzzers / "fuzz_tokenizer", seeds, int(os.environ.get("STRATA_FUZZ_TOKENIZER_SECONDS", "30")), tmp_path)
+
+
+def test_fuzz_model(fuzzers, tmp_path):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    for recipe in ("f32", "q8_0"):
+        _run([sys.executable, ROOT / "tools" / "make_model.py", "micro", "-o", seeds / f"micro-{recipe}.gguf",
+              "--recipe", recipe])
+    _fuzz(fuzzers / "fuzz_model", seeds, int(os.environ.get("STRATA_FUZZ_MODEL_SECONDS", "30")), tmp_path,
+          max_len=200000)

@@ -360,9 +360,11 @@ def create_completion(llm, prompt: str | Sequence[int], /, suffix: str | None = 
 
 
 def render_messages(llm, messages: list[dict], tools: list[dict] | None = None,
-                    chat_template: str | None = None, **template_kwargs) -> str:
+                    chat_template: str | None = None, add_generation_prompt: bool = True,
+                    **template_kwargs) -> str:
     """The prompt text for a conversation under the model's chat template (ChatML if it has none),
-    ending with an open assistant turn. chat_template names one of the file's templates."""
+    ending with an open assistant turn (unless add_generation_prompt is False). chat_template names
+    one of the file's templates."""
     from .chat import chat_template_from_metadata, render_chat
 
     md = llm.metadata
@@ -372,7 +374,40 @@ def render_messages(llm, messages: list[dict], tools: list[dict] | None = None,
     for name, tid in (("bos_token", getattr(tok, "bos_id", None)), ("eos_token", getattr(tok, "eos_id", None))):
         if tid is not None:
             special[name] = tok.token_bytes(tid).decode("utf-8", "replace")
-    return render_chat(template, messages, add_generation_prompt=True, tools=tools, **special, **template_kwargs)
+    return render_chat(template, messages, add_generation_prompt=add_generation_prompt, tools=tools, **special,
+                       **template_kwargs)
+
+
+@dataclass
+class ChatTurn:
+    """One finished turn of a conversation, as the next turn continues it token for token."""
+    prompt_ids: list[int]        # what the turn's prompt was
+    prompt_text: str
+    answer_tokens: list[int]     # the answer as generated (Completion.tokens)
+    answer_text: str             # the answer as it went into the conversation
+
+
+def chat_prompt_ids(llm, messages: list[dict], previous: ChatTurn | None = None,
+                    **render_kw) -> tuple[list[int], str]:
+    """(ids, text) of the prompt for `messages` (the conversation, its last message new).
+
+    With `previous`, the turn before (whose answer is messages[-2]), the ids continue that turn's
+    tokens exactly: its prompt ids, then the answer tokens the model generated, then only the text
+    the template adds after them, tokenized. Re-tokenizing the whole rendered conversation instead
+    can split the earlier answer differently from how it was generated, which both changes what the
+    model sees and defeats prefix reuse (the session would start over every turn), as llama.cpp's
+    chat does not. Falls back to tokenizing the whole text when the template does not render the
+    conversation as an extension of the previous prompt (e.g. it rewrites earlier turns) or the
+    answer text is not exactly its tokens' text (cut by a stop string)."""
+    text = render_messages(llm, messages, **render_kw)
+    if previous is not None and len(messages) >= 2:
+        past = render_messages(llm, messages[:-1], add_generation_prompt=False, **render_kw)
+        head = previous.prompt_text + previous.answer_text
+        if (past.startswith(head) and text.startswith(past)
+                and llm.detokenize(previous.answer_tokens) == previous.answer_text):
+            rest = llm.tokenize(text[len(head):], add_special=False, parse_special=True)
+            return list(previous.prompt_ids) + list(previous.answer_tokens) + rest, text
+    return prompt_ids(llm, text, add_special=False), text
 
 
 def create_chat_completion(llm, messages: list[dict], /, functions=None, function_call=None,

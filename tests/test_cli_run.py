@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from pyrunner.cli import main
-from pyrunner.generate import STATS_KEYS, create_chat_completion, end_of_generation_ids, generate
+from pyrunner.generate import STATS_KEYS, ChatTurn, chat_prompt_ids, end_of_generation_ids, generate
 from pyrunner.model import Model
 from pyrunner.models import default_model_path, make_model
 
@@ -77,27 +77,30 @@ def test_generate_errors_are_messages(tiny_path):
 
 
 def _chat_reference(model, turns, n):
-    """Greedy answers of the chat REPL, computed through create_chat_completion."""
-    msgs, answers = [], []
+    """Greedy answers of the chat REPL: each turn continues the previous one's tokens."""
+    msgs, answers, turn = [], [], None
     for t in turns:
         msgs.append({"role": "user", "content": t})
-        a = create_chat_completion(model, msgs, max_tokens=n, temperature=0,
-                                   session=model.session())["choices"][0]["message"]["content"]
-        msgs.append({"role": "assistant", "content": a})
-        answers.append(a)
+        ids, text = chat_prompt_ids(model, msgs, turn)
+        c = generate(model, ids, max_tokens=n, temperature=0, session=model.session())
+        turn = ChatTurn(ids, text, c.tokens, c.text)
+        msgs.append({"role": "assistant", "content": c.text})
+        answers.append(c.text)
     return answers
 
 
 def test_chat_through_a_pipe(tiny_path, model):
-    script = "hello there\n/stats\nsecond \\\nline\n/reset\n/stats\n/nonsense\nagain\n/exit\nnever answered\n"
+    script = "hello there\n/stats\nsecond \\\nline\n/stats\n/reset\n/stats\n/nonsense\nagain\n/exit\nnever answered\n"
     r = subprocess.run([sys.executable, "-m", "pyrunner.cli", "chat", "-m", tiny_path, "-n", "10", "--temp", "0",
                         "--n-ctx", "1024"], input=script, capture_output=True, text=True, cwd=ROOT, env=ENV,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     a1, a2 = _chat_reference(model, ["hello there", "second \nline"], 10)
     (a3,) = _chat_reference(model, ["again"], 10)
-    pattern = (re.escape(a1 + "\n") + r"\(prompt \d+ tokens, .*generated \d+ tokens.*context \d+/1024 tokens\)\n"
-               + re.escape(a2 + "\n") + re.escape("(conversation cleared)\n(no answer yet)\n")
+    stats = r"\(prompt \d+ tokens, .*generated \d+ tokens.*context \d+/1024 tokens\)\n"
+    reused = r"\(prompt \d+ tokens \([1-9]\d* reused\), .*generated \d+ tokens.*context \d+/1024 tokens\)\n"
+    pattern = (re.escape(a1 + "\n") + stats + re.escape(a2 + "\n") + reused
+               + re.escape("(conversation cleared)\n(no answer yet)\n")
                + r"\(unknown command /nonsense; .*\)\n" + re.escape(a3 + "\n"))
     assert re.fullmatch(pattern, r.stdout, re.S), r.stdout
     assert "Traceback" not in r.stderr

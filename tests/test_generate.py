@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pyrunner.chat import render_chat
-from pyrunner.generate import (STATS_KEYS, Completion, CompletionStream, create_chat_completion,
-                               create_completion, end_of_generation_ids, generate)
+from pyrunner.generate import (STATS_KEYS, ChatTurn, Completion, CompletionStream, chat_prompt_ids,
+                               create_chat_completion, create_completion, end_of_generation_ids, generate)
 from pyrunner.model import Model
 from pyrunner.models import make_model
 
@@ -256,3 +256,25 @@ def test_create_chat_completion_renders_the_template_and_has_llama_cpp_pythons_s
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == ref.text
     assert model.create_chat_completion(msgs, max_tokens=12, temperature=0,
                                         session=model.session())["choices"][0]["message"]["content"] == ref.text
+
+
+def test_chat_turns_continue_the_generated_tokens_exactly(model):
+    im_end, eot = (model.tokenize(t, add_special=False)[0] for t in ("<|im_end|>", "<|endoftext|>"))
+    msgs = [{"role": "user", "content": "hi there"}]
+    ids1, text1 = chat_prompt_ids(model, msgs)
+    assert ids1 == model.tokenize(text1, add_special=False) and text1.endswith("<|im_start|>assistant\n")
+    sess = Counting(model.session())
+    c1 = generate(model, ids1, max_tokens=30, temperature=0, logit_bias={im_end: 1.0, eot: -np.inf}, session=sess)
+    assert c1.finish_reason == "stop" and c1.tokens          # a short answer ended by <|im_end|>
+    msgs += [{"role": "assistant", "content": c1.text}, {"role": "user", "content": "and then?"}]
+    ids2, text2 = chat_prompt_ids(model, msgs, ChatTurn(ids1, text1, c1.tokens, c1.text))
+    n = len(ids1) + len(c1.tokens)
+    assert ids2[:n] == ids1 + c1.tokens and ids2[n] == im_end      # the template's turn end, then the new turn
+    assert model.detokenize(ids2) == text2 and text2.endswith("and then?<|im_end|>\n<|im_start|>assistant\n")
+    c2 = generate(model, ids2, max_tokens=4, temperature=0, session=sess)
+    assert c2.stats["reused_prompt_tokens"] == n and sess.resets == 0
+    # an answer that is not its tokens' text (cut by a stop string) cannot be continued token for token
+    cut = [dict(m) for m in msgs]
+    cut[1]["content"] = c1.text[:-1]
+    ids3, text3 = chat_prompt_ids(model, cut, ChatTurn(ids1, text1, c1.tokens, c1.text[:-1]))
+    assert ids3 == model.tokenize(text3, add_special=False)

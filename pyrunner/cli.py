@@ -346,7 +346,7 @@ def chat(max_tokens, system, **kwargs):
     next line; Ctrl-C stops an answer, not the program."""
     from ._native import StrataError
     from .chat import ChatTemplateError
-    from .generate import forget, generate as run, prompt_ids, render_messages
+    from .generate import ChatTurn, chat_prompt_ids, forget, generate as run
 
     params = _asdict(_sampling(kwargs, max_tokens))
     model = _open_model(kwargs)
@@ -354,6 +354,7 @@ def chat(max_tokens, system, **kwargs):
     base = [{"role": "system", "content": system}] if system else []
     messages = list(base)
     last = None
+    turn = None      # the last finished turn, which the next one continues token for token
     with model:
         sess = model.session()
         if interactive:
@@ -375,7 +376,7 @@ def chat(max_tokens, system, **kwargs):
                 if cmd == "/reset":
                     messages = list(base)
                     forget(sess)
-                    last = None
+                    last = turn = None
                     click.echo("(conversation cleared)")
                 elif cmd == "/stats":
                     click.echo(f"({_stats_line(last[0], last[1])}; context {sess.n_past}/{model.n_ctx} tokens)"
@@ -385,7 +386,7 @@ def chat(max_tokens, system, **kwargs):
                 continue
             messages.append({"role": "user", "content": text})
             try:
-                ids = prompt_ids(model, render_messages(model, messages), add_special=False)
+                ids, prompt_text = chat_prompt_ids(model, messages, turn)
                 stream = run(model, ids, session=sess, stream=True, **params)
                 parts = []
                 try:
@@ -393,10 +394,12 @@ def chat(max_tokens, system, **kwargs):
                         parts.append(piece)
                         click.echo(piece, nl=False)
                         sys.stdout.flush()
-                    last = (stream.completion.stats, stream.completion.finish_reason)
+                    c = stream.completion
+                    last = (c.stats, c.finish_reason)
+                    turn = ChatTurn(ids, prompt_text, c.tokens, c.text)
                 except KeyboardInterrupt:
                     click.echo(" (stopped)", nl=False)
-                    last = None
+                    last = turn = None
                 click.echo("")
                 messages.append({"role": "assistant", "content": "".join(parts)})
             except (ChatTemplateError, StrataError, ValueError) as e:

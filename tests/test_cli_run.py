@@ -154,3 +154,9 @@ def test_default_model_is_built_once_into_the_cache_and_says_what_it_is(tmp_path
     assert r.exit_code == 0, r.output
     assert "building" not in r.stderr and "RANDOM weights" in r.stderr
     assert json.loads(r.stdout)["tokens"] == first["tokens"]
+
+
+def test_chat_template_kwargs_must_be_a_json_object(tiny_path):
+    for bad, msg in (("[1]", "must be a JSON object"), ("{oops", "not valid JSON")):
+        r = CliRunner().invoke(main, ["chat", "-m", tiny_path, "--chat-template-kwargs", bad], input="hi\n")
+        assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output

@@ -337,9 +337,11 @@ def _read_message(interactive: bool) -> str | None:
 @click.option("-n", "--n-predict", "max_tokens", type=int, default=512, show_default=True,
               help="Tokens per answer at most (-1: until the model ends its turn or the context is full).")
 @click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("--chat-template-kwargs", "template_kwargs", default=None,
+              help='Extra chat template variables as a JSON object, e.g. \'{"enable_thinking": false}\'.')
 @sampling_options
 @_engine_options
-def chat(max_tokens, system, **kwargs):
+def chat(max_tokens, system, template_kwargs, **kwargs):
     """Talk with the model in its chat template, answers streamed. Reads standard input, so a
     conversation can be piped in. /reset forgets the conversation, /stats shows the last answer's
     timings, /exit quits (so does Ctrl-D); end a line with a backslash to continue the message on the
@@ -349,6 +351,13 @@ def chat(max_tokens, system, **kwargs):
     from .generate import ChatTurn, chat_prompt_ids, forget, generate as run
 
     params = _asdict(_sampling(kwargs, max_tokens))
+    try:
+        variables = json.loads(template_kwargs) if template_kwargs else {}
+    except ValueError as e:
+        raise click.ClickException(f"--chat-template-kwargs: not valid JSON ({e}); write e.g. "
+                                   '\'{"enable_thinking": false}\'') from None
+    if not isinstance(variables, dict):
+        raise click.ClickException("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
     model = _open_model(kwargs)
     interactive = sys.stdin.isatty()
     base = [{"role": "system", "content": system}] if system else []
@@ -386,7 +395,7 @@ def chat(max_tokens, system, **kwargs):
                 continue
             messages.append({"role": "user", "content": text})
             try:
-                ids, prompt_text = chat_prompt_ids(model, messages, turn)
+                ids, prompt_text = chat_prompt_ids(model, messages, turn, **variables)
                 stream = run(model, ids, session=sess, stream=True, **params)
                 parts = []
                 try:

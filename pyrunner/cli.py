@@ -319,6 +319,7 @@ def _read_message(interactive: bool) -> str | None:
             try:
                 line = input("> " if not lines else ". ")
             except EOFError:
+                click.echo("")            # Ctrl-D: leave the terminal on a fresh line
                 line = None
         else:
             line = sys.stdin.readline()
@@ -346,6 +347,8 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
     conversation can be piped in. /reset forgets the conversation, /stats shows the last answer's
     timings, /exit quits (so does Ctrl-D); end a line with a backslash to continue the message on the
     next line; Ctrl-C stops an answer, not the program."""
+    import importlib
+
     from ._native import StrataError
     from .chat import ChatTemplateError
     from .generate import ChatTurn, chat_prompt_ids, forget, generate as run
@@ -367,6 +370,10 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
     with model:
         sess = model.session()
         if interactive:
+            try:
+                importlib.import_module("readline")      # line editing and history for input()
+            except ImportError:
+                pass
             click.echo(f"strata chat: {model.path}. {_CHAT_HELP}", err=True)
         while True:
             try:

@@ -24,6 +24,26 @@ Two llama.cpp converter bugs are NOT repeated: compress_ratios are written for e
 transformers calls it ("full_attention" or "indexed_attention"), and the PLE EOS is eos_token_id[0], the
 one transformers' n-gram module resets on.
 
+ModelOpt NVFP4 checkpoints (config.json quantization_config and/or hf_quant_config.json with quant_algo NVFP4,
+or MIXED_PRECISION whose every layer is NVFP4; any other algorithm or quantization method is an error): a
+quantized linear weight is X.weight U8 [rows, cols/2] (two E2M1 codes per byte, value 2j in the low nibble),
+X.weight_scale F8_E4M3 [rows, cols/16], X.weight_scale_2 F32 (one value), maybe X.input_scale F32; a weight
+without its weight_scale / weight_scale_2 is an error naming it. Its value is (code x weight_scale) x
+weight_scale_2 in float32 (the first product is exact, so one rounding). Such a weight stays NVFP4 (ggml type
+40: per 64 values four UE4M3 scales = the E4M3 bits, then 32 bytes of codes, byte 8j+i = values 16j+i (low) and
+16j+8+i (high)) with weight_scale_2 as a F32 `X.scale` ({1}; {n_expert} for the stacked *_exps) and a
+non-trivial input_scale as `X.input_scale`, as llama.cpp's converter writes them; scales that are exactly 1
+are omitted. The transformations move codes and scales together: per-expert stacking (one scale2 per
+expert), the V-head rows (grouped -> tiled), the index_qk_proj row split; the columns of ssm_out are permuted
+in whole 16-value groups, which keeps each group with its block scale when the V head width is a multiple of
+16 (real model: 128). Where NVFP4 cannot be kept, the exactly dequantized values are written at the
+--outtype of float tensors (exact at f32, one rounding at f16/bf16): a permutation that would split scale
+groups; rows that are not whole 64-value blocks (e.g. a 32-wide expert down row; the PLE table, whose 160-
+or 16-value rows are not either -- its packed-file path is separate, DESIGN §6); and weights llama.cpp's
+qwen4exp loader accepts no `.scale` for (hc_*, ple_*, indexer.*, token_embd, the routers), since weight_scale_2
+cannot be folded into UE4M3 block scales exactly. Unquantized tensors (norms, routers, embeddings, ...)
+are converted as usual; ModelOpt's KV-cache k_scale/v_scale tensors are dropped (the KV type is a run option).
+
 Output types follow llama.cpp's converter: 1-D tensors, *_norm.weight, the routers (ffn_gate_inp,
 ffn_gate_inp_shexp), ssm_conv1d and non-".weight" tensors stay F32; everything else takes --outtype, and a
 q8_0 tensor whose rows are not a multiple of 32 falls back to F16 (as llama.cpp's does).
@@ -62,7 +82,9 @@ class ConvertError(Exception):
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-              "BOOL": np.bool_}
+              "BOOL": np.bool_, "F8_E4M3": np.uint8}
+# stored bytes that are not numbers by themselves: read only as parts of a ModelOpt NVFP4 weight
+_PACKED_DTYPES = ("U8", "F8_E4M3")
 
 
 @dataclass
@@ -102,7 +124,7 @@ class Checkpoint:
                     continue
                 if info["dtype"] not in _ST_DTYPES:
                     raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}, which this converter "
-                                       f"does not read (F32/F16/BF16/integers only)")
+                                       f"does not read (F32/F16/BF16/integers, and U8/F8_E4M3 of ModelOpt NVFP4 only)")
                 start, end = info["data_offsets"]
                 e = _Entry(path, info["dtype"], tuple(info["shape"]), base + start)
                 nbytes = int(np.prod(e.shape, dtype=np.int64)) * np.dtype(_ST_DTYPES[e.dtype]).itemsize
@@ -129,6 +151,10 @@ class Checkpoint:
     def f32(self, name: str, index=None) -> np.ndarray:
         """The tensor (or raw(name)[index], converting only that part) as float32."""
         a = self.raw(name)
+        if self.entries[name].dtype in _PACKED_DTYPES:
+            raise ConvertError(f"tensor {name} is stored as {self.entries[name].dtype} (packed quantized bytes) but "
+                               f"is not part of a ModelOpt NVFP4 weight (X.weight U8 + X.weight_scale F8_E4M3 + "
+                               f"X.weight_scale_2 F32); this converter cannot read it")
         if index is not None:
             a = a[index]
         if self.entries[name].dtype == "BF16":
@@ -205,6 +231,164 @@ def config_from_dict(raw: dict, path: str = "config") -> dict:
     return cfg
 
 
+# ---------------------------------------------------------------------------------------------- ModelOpt NVFP4
+
+# E2M1 code -> value (bit 3 sign, bits 2-1 exponent, bit 0 mantissa); ggml's NVFP4 table holds the same values
+_E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+
+
+def _e4m3_table() -> np.ndarray:
+    """F8 E4M3 (fn: bias 7, no infinities, 0x7F/0xFF NaN) byte -> float32."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+    v = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    v = np.where(b >> 7, -v, v)
+    v[(b & 0x7F) == 0x7F] = np.nan
+    return v.astype(np.float32)
+
+
+_E4M3 = _e4m3_table()
+NVFP4_GROUP = 16          # values per ModelOpt block scale
+NVFP4_BLOCK = 64          # values per ggml NVFP4 block (four UE4M3 sub-block scales)
+
+
+@dataclass
+class NvSource:
+    """One ModelOpt NVFP4 linear weight: X.weight U8 [rows, cols/2] (two E2M1 codes per byte, value 2j in the
+    low nibble of byte j), X.weight_scale F8_E4M3 [rows, cols/16], X.weight_scale_2 F32 (one), maybe
+    X.input_scale F32 (one). Names are stored names."""
+    weight: str
+    scale: str
+    scale2: str
+    input_scale: str | None
+    shape: tuple            # logical (rows, cols)
+
+
+def read_modelopt(hf_dir: str, raw: dict) -> dict | None:
+    """The ModelOpt quantization of a checkpoint from config.json's quantization_config and/or
+    hf_quant_config.json: {"algo": "NVFP4", "exclude": [module patterns], "source": file}, or None for an
+    unquantized checkpoint. Anything but NVFP4 (per checkpoint, or per layer under MIXED_PRECISION) is an
+    error, as is a quantization method other than ModelOpt's."""
+    cfg_path = os.path.join(hf_dir, "config.json")
+    qc = raw.get("quantization_config")
+    if qc is None and isinstance(raw.get("text_config"), dict):
+        qc = raw["text_config"].get("quantization_config")
+    qc = qc if isinstance(qc, dict) else {}
+    hq_path = os.path.join(hf_dir, "hf_quant_config.json")
+    hq = {}
+    if os.path.exists(hq_path):
+        try:
+            with open(hq_path) as f:
+                hq = json.load(f)
+        except ValueError as e:
+            raise ConvertError(f"{hq_path}: not valid JSON ({e})") from None
+    hqq = hq.get("quantization") if isinstance(hq.get("quantization"), dict) else {}
+    method = qc.get("quant_method")
+    if method is not None and str(method).lower() != "modelopt":
+        raise ConvertError(f"{cfg_path}: quantization_config.quant_method {method!r}: this converter reads "
+                           f"unquantized checkpoints and ModelOpt NVFP4 ones only (dequantize the checkpoint "
+                           f"first, or convert its unquantized original)")
+    producer = str((hq.get("producer") or {}).get("name", "modelopt")).lower() if hq else None
+    if producer not in (None, "modelopt"):
+        raise ConvertError(f"{hq_path}: producer {producer!r}; only ModelOpt checkpoints are understood")
+    algo = hqq.get("quant_algo") or qc.get("quant_algo")
+    src = hq_path if hqq.get("quant_algo") else cfg_path
+    if not algo:
+        return None
+    if algo == "MIXED_PRECISION":
+        layers = hqq.get("quantized_layers") or qc.get("quantized_layers") or {}
+        bad = sorted(k for k, v in layers.items() if not (isinstance(v, dict) and v.get("quant_algo") == "NVFP4"))
+        if bad or not layers:
+            raise ConvertError(f"{src}: quant_algo MIXED_PRECISION with layers that are not NVFP4 "
+                               f"({bad[:4]}{' ...' if len(bad) > 4 else ''}): only NVFP4 weights can be converted")
+        algo = "NVFP4"
+    if algo != "NVFP4":
+        raise ConvertError(f"{src}: ModelOpt quant_algo {algo!r} is not supported; the converter reads NVFP4 "
+                           f"checkpoints (weights kept NVFP4) and unquantized ones")
+    group = hqq.get("group_size") or qc.get("group_size")
+    if group is not None and int(group) != NVFP4_GROUP:
+        raise ConvertError(f"{src}: NVFP4 group_size {group}; NVFP4 has one block scale per {NVFP4_GROUP} values")
+    exclude = hqq.get("exclude_modules") or qc.get("exclude_modules") or qc.get("ignore") or []
+    return {"algo": algo, "exclude": list(exclude), "source": src}
+
+
+def _nv_sources(ck: "Checkpoint", names: dict[str, str], modelopt: dict | None) -> dict[str, NvSource]:
+    """canonical X.weight -> NvSource for every ModelOpt NVFP4 weight; checks that each one is complete."""
+    out: dict[str, NvSource] = {}
+    for canon, stored in names.items():
+        if not canon.endswith(".weight_scale"):
+            continue
+        wc, ws = canon[:-len("_scale")], stored[:-len("_scale")]
+        if wc not in names:
+            raise ConvertError(f"checkpoint has {stored} but no {ws} it would scale")
+        w, sc = ck.entries[ws], ck.entries[stored]
+        if w.dtype != "U8" or sc.dtype != "F8_E4M3":
+            raise ConvertError(f"{ws} is {w.dtype} with a {sc.dtype} weight_scale: not ModelOpt NVFP4 (U8 codes with "
+                               f"F8_E4M3 block scales); other quantizations (FP8, INT4, ...) are not supported")
+        if len(w.shape) != 2 or len(sc.shape) != 2 or sc.shape != (w.shape[0], w.shape[1] * 2 // NVFP4_GROUP) \
+                or (w.shape[1] * 2) % NVFP4_GROUP:
+            raise ConvertError(f"{ws} has shape {w.shape} and {stored} {sc.shape}: expected [rows, cols/2] U8 "
+                               f"and [rows, cols/{NVFP4_GROUP}] F8_E4M3 (2-D, one scale per {NVFP4_GROUP} values)")
+        s2 = ws + "_scale_2"
+        if s2 not in ck.entries:
+            raise ConvertError(f"ModelOpt NVFP4 weight {ws} has no {s2} (its per-tensor scale); the checkpoint is "
+                               f"incomplete")
+        if int(np.prod(ck.entries[s2].shape, dtype=np.int64)) != 1:
+            raise ConvertError(f"{s2} has shape {ck.entries[s2].shape}; expected one value (per-tensor scale)")
+        inp = ws[:-len("weight")] + "input_scale"
+        out[wc] = NvSource(ws, stored, s2, inp if inp in ck.entries else None, (w.shape[0], w.shape[1] * 2))
+    if out and modelopt is None:
+        first = next(iter(out.values())).weight
+        raise ConvertError(f"tensors such as {first} carry ModelOpt NVFP4 scales, but neither config.json's "
+                           f"quantization_config nor hf_quant_config.json says quant_algo NVFP4")
+    for n, st in names.items():           # packed codes without their block scales cannot be read
+        if n.endswith(".weight") and n not in out and ck.entries[st].dtype in _PACKED_DTYPES:
+            raise ConvertError(f"{st} is stored as {ck.entries[st].dtype} (packed NVFP4 codes) but the checkpoint "
+                               f"has no {st}_scale for it")
+    return out
+
+
+def _nv_scales(ck: "Checkpoint", src: NvSource) -> np.ndarray:
+    """The F8_E4M3 block-scale bytes of src, checked: a ModelOpt block scale is >= 0 and not NaN."""
+    sc = np.asarray(ck.raw(src.scale))
+    if ((sc & 0x80) != 0).any() or ((sc & 0x7F) == 0x7F).any():
+        raise ConvertError(f"{src.scale} has negative or NaN block scales; a ModelOpt NVFP4 block scale is >= 0")
+    return sc
+
+
+def _nv_unpack(packed: np.ndarray) -> np.ndarray:
+    """[..., cols/2] bytes -> [..., cols] E2M1 codes (value 2j in the low nibble of byte j, as ModelOpt packs)."""
+    c = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
+    c[..., 0::2] = packed & 0x0F
+    c[..., 1::2] = packed >> 4
+    return c
+
+
+def nv_dequantize(packed: np.ndarray, scales: np.ndarray, scale2: float) -> np.ndarray:
+    """ModelOpt's NVFP4 dequantization, in float32: (code x weight_scale) x weight_scale_2. The first product
+    is exact (at most 6 significant bits), so each value is rounded once -- as a GGUF NVFP4 value (exact in
+    ggml) times its `.scale` is."""
+    packed, scales = np.asarray(packed), np.asarray(scales)
+    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.float32)
+    step = max(1, (1 << 22) // max(1, out.shape[-1]))         # rows per piece: temporaries stay ~100 MB
+    for r in range(0, packed.shape[0], step):
+        d = np.repeat(_E4M3[scales[r:r + step]], NVFP4_GROUP, axis=-1)
+        np.multiply(_E2M1[_nv_unpack(packed[r:r + step])] * d, np.float32(scale2), out=out[r:r + step])
+    return out
+
+
+def nv_pack_ggml(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """E2M1 codes [rows, cols] and E4M3 block scales [rows, cols/16] -> ggml NVFP4 blocks [rows, cols/64*36]:
+    per 64 values four UE4M3 scales (the E4M3 bits; the sign bit is 0 for a valid scale), then 32 bytes where
+    byte 8j+i holds value 16j+i in the low nibble and value 16j+8+i in the high nibble."""
+    rows, cols = codes.shape
+    nb = cols // NVFP4_BLOCK
+    c = codes.reshape(rows, nb, 4, 16)
+    qs = (c[..., :8] | (c[..., 8:] << 4)).reshape(rows, nb, 32)
+    d = scales.reshape(rows, nb, 4)
+    return np.concatenate([d, qs], axis=-1).reshape(rows, nb * 36)
+
+
 # ---------------------------------------------------------------------------------------------- tensor plan
 
 @dataclass
@@ -216,6 +400,10 @@ class OutTensor:
     qtype: str = "F32"               # decided by choose_type
     nbytes: int = 0
     notes: list = field(default_factory=list)
+    # ModelOpt NVFP4 sources that can stay NVFP4: {"srcs": [canonical X.weight, one per matrix (expert)],
+    # "rows": row index array or None, "cols": column permutation or None}; chunks() then still gives the
+    # exactly dequantized values, for when the tensor cannot stay NVFP4
+    nv: dict | None = None
 
 
 def _tiled_perm(n_k: int, n_v: int, width: int) -> np.ndarray:
@@ -226,10 +414,16 @@ def _tiled_perm(n_k: int, n_v: int, width: int) -> np.ndarray:
 
 
 class _Plan:
-    def __init__(self, ck: Checkpoint, cfg: dict):
+    def __init__(self, ck: Checkpoint, cfg: dict, modelopt: dict | None = None):
         self.ck, self.cfg = ck, cfg
         self.names = self._canonical_names()
         self.used: set[str] = set()
+        self.nv = _nv_sources(ck, self.names, modelopt)
+        canon = {st: n for n, st in self.names.items()}
+        for src in self.nv.values():          # the scale tensors belong to their weight
+            self.used.update(canon[x] for x in (src.scale, src.scale2, src.input_scale) if x in canon)
+        # ModelOpt's KV-cache scales (kv_cache_quant_algo) concern a KV cache type, a run option here
+        self.used.update(n for n in self.names if n.endswith((".k_scale", ".v_scale")) and modelopt is not None)
         self.tensors: list[OutTensor] = []
         self.ple: dict | None = None
 
@@ -249,21 +443,37 @@ class _Plan:
         return name in self.names
 
     def get(self, name: str, index=None) -> np.ndarray:
+        """float32 values; a ModelOpt NVFP4 weight is dequantized exactly (nv_dequantize)."""
         if name not in self.names:
             raise ConvertError(f"checkpoint is missing tensor {name}")
         self.used.add(name)
+        src = self.nv.get(name)
+        if src is not None:
+            a = nv_dequantize(self.ck.raw(src.weight), _nv_scales(self.ck, src), self.nv_scale2(name))
+            return a if index is None else a[index]
         return self.ck.f32(self.names[name], index)
+
+    def nv_scale2(self, name: str) -> float:
+        return float(self.ck.f32(self.nv[name].scale2).reshape(-1)[0])
+
+    def nv_spec(self, srcs: list[str], rows=None, cols=None) -> dict | None:
+        """The NVFP4 description of an output made of these sources (None unless all are NVFP4)."""
+        return {"srcs": list(srcs), "rows": rows, "cols": cols} if all(s in self.nv for s in srcs) else None
 
     def shape(self, name: str) -> tuple:
         if name not in self.names:
             raise ConvertError(f"checkpoint is missing tensor {name}")
+        if name in self.nv:
+            return self.nv[name].shape
         return self.ck.shape(self.names[name])
 
-    def add(self, name: str, shape: tuple, fn: Callable[[], np.ndarray], force_f32: bool = False) -> None:
-        self.tensors.append(OutTensor(name, tuple(shape), lambda: iter([fn()]), force_f32))
+    def add(self, name: str, shape: tuple, fn: Callable[[], np.ndarray], force_f32: bool = False,
+            nv: dict | None = None) -> None:
+        self.tensors.append(OutTensor(name, tuple(shape), lambda: iter([fn()]), force_f32, nv=nv))
 
-    def add_chunked(self, name: str, shape: tuple, gen: Callable[[], Iterator[np.ndarray]], force_f32=False):
-        self.tensors.append(OutTensor(name, tuple(shape), gen, force_f32))
+    def add_chunked(self, name: str, shape: tuple, gen: Callable[[], Iterator[np.ndarray]], force_f32=False,
+                    nv: dict | None = None):
+        self.tensors.append(OutTensor(name, tuple(shape), gen, force_f32, nv=nv))
 
     def copy(self, gguf_name: str, hf_name: str, plus_one: bool = False, squeeze: bool = False,
              force_f32: bool = False) -> None:
@@ -276,7 +486,7 @@ class _Plan:
             a = self.get(h)
             a = a.reshape(shp) if s else a
             return a + np.float32(1.0) if p else a
-        self.add(gguf_name, shape, fn, force_f32)
+        self.add(gguf_name, shape, fn, force_f32, nv=None if plus_one or squeeze else self.nv_spec([hf_name]))
 
     # -- build ---------------------------------------------------------------------------------------------
 
@@ -335,8 +545,10 @@ class _Plan:
             raise ConvertError(f"{qk} has {shp[0]} rows, expected (indexer_n_heads+1)*indexer_head_dim = "
                                f"{n_q + c['indexer_head_dim']}")
         self.used.add(qk)
-        self.add(f"{b}.indexer.q_proj.weight", (n_q, shp[1]), lambda: self.get(qk)[:n_q])
-        self.add(f"{b}.indexer.k_proj.weight", (shp[0] - n_q, shp[1]), lambda: self.get(qk)[n_q:])
+        self.add(f"{b}.indexer.q_proj.weight", (n_q, shp[1]), lambda: self.get(qk)[:n_q],
+                 nv=self.nv_spec([qk], rows=np.arange(n_q)))
+        self.add(f"{b}.indexer.k_proj.weight", (shp[0] - n_q, shp[1]), lambda: self.get(qk)[n_q:],
+                 nv=self.nv_spec([qk], rows=np.arange(n_q, shp[0])))
         self.copy(f"{b}.indexer.q_norm.weight", f"{a}.indexer.q_layernorm.weight", plus_one=True)
         self.copy(f"{b}.indexer.k_norm.weight", f"{a}.indexer.k_layernorm.weight", plus_one=True)
 
@@ -363,9 +575,10 @@ class _Plan:
         def qkv():
             w = self.get(f"{a}.in_proj_qkv.weight")
             return np.concatenate([w[:kd], w[kd:][pv]])
-        self.add(f"{b}.attn_qkv.weight", self.shape(f"{a}.in_proj_qkv.weight"), qkv)
+        self.add(f"{b}.attn_qkv.weight", self.shape(f"{a}.in_proj_qkv.weight"), qkv,
+                 nv=self.nv_spec([f"{a}.in_proj_qkv.weight"], rows=np.concatenate([np.arange(kd), kd + pv])))
         self.add(f"{b}.attn_gate.weight", self.shape(f"{a}.in_proj_z.weight"),
-                 lambda: self.get(f"{a}.in_proj_z.weight")[pv])
+                 lambda: self.get(f"{a}.in_proj_z.weight")[pv], nv=self.nv_spec([f"{a}.in_proj_z.weight"], rows=pv))
         conv_shape = self.shape(f"{a}.conv1d.weight")
 
         def conv():
@@ -375,12 +588,13 @@ class _Plan:
         self.add(f"{b}.ssm_dt.bias", (nv,), lambda: self.get(f"{a}.dt_bias")[ph])
         self.add(f"{b}.ssm_a", (nv,), lambda: -np.exp(self.get(f"{a}.A_log").astype(np.float32))[ph])
         self.add(f"{b}.ssm_beta.weight", self.shape(f"{a}.in_proj_b.weight"),
-                 lambda: self.get(f"{a}.in_proj_b.weight")[ph])
+                 lambda: self.get(f"{a}.in_proj_b.weight")[ph], nv=self.nv_spec([f"{a}.in_proj_b.weight"], rows=ph))
         self.add(f"{b}.ssm_alpha.weight", self.shape(f"{a}.in_proj_a.weight"),
-                 lambda: self.get(f"{a}.in_proj_a.weight")[ph])
+                 lambda: self.get(f"{a}.in_proj_a.weight")[ph], nv=self.nv_spec([f"{a}.in_proj_a.weight"], rows=ph))
         self.copy(f"{b}.ssm_norm.weight", f"{a}.norm.weight")      # plain gamma: no +1
+        # a column permutation keeps NVFP4 only where it moves whole 16-value scale groups (dv % 16 == 0)
         self.add(f"{b}.ssm_out.weight", self.shape(f"{a}.out_proj.weight"),
-                 lambda: self.get(f"{a}.out_proj.weight")[:, pv])
+                 lambda: self.get(f"{a}.out_proj.weight")[:, pv], nv=self.nv_spec([f"{a}.out_proj.weight"], cols=pv))
 
     def _moe(self, p: str, b: str) -> None:
         c = self.cfg
@@ -407,7 +621,7 @@ class _Plan:
                         raise ConvertError(f"{n} has shape {self.shape(n)}, expected {shp}")
                 self.used.update(names)
                 self.add_chunked(f"{b}.{g}.weight", (ne,) + shp,
-                                 lambda names=names: (self.get(n)[None] for n in names))
+                                 lambda names=names: (self.get(n)[None] for n in names), nv=self.nv_spec(names))
         self.copy(f"{b}.ffn_gate_inp_shexp.weight", f"{m}.shared_expert_gate.weight", force_f32=True)
         self.copy(f"{b}.ffn_gate_shexp.weight", f"{m}.shared_expert.gate_proj.weight")
         self.copy(f"{b}.ffn_up_shexp.weight", f"{m}.shared_expert.up_proj.weight")
@@ -444,7 +658,8 @@ class _Plan:
         row_dim = widths.pop()
         rows = sum(self.shape(n)[0] for n in names)
         self.used.update(names)
-        self.add_chunked("per_layer_token_embd.weight", (rows, row_dim), lambda: (self.get(n) for n in names))
+        self.add_chunked("per_layer_token_embd.weight", (rows, row_dim), lambda: (self.get(n) for n in names),
+                         nv=self.nv_spec(names) if any(n in self.nv for n in names) else None)
         consts = {}
         for key in ("layer_multipliers", "ngram_heads_offsets", "ngram_heads_vocab_sizes"):
             n = f"{emb}.{key}"
@@ -475,7 +690,75 @@ def choose_type(t: OutTensor, outtype: str) -> str:
     return want
 
 
+def nv_block_reason(t: OutTensor, scale_kinds: frozenset) -> str | None:
+    """Why an output made of ModelOpt NVFP4 sources cannot stay NVFP4 (None: it can). The fallback is the
+    exactly dequantized values at the --outtype of float tensors."""
+    kind = ".".join(t.name.split(".")[2:]) if t.name.startswith("blk.") else t.name
+    if t.force_f32:
+        return "kept F32 (router / conv), as in unquantized checkpoints"
+    if kind not in scale_kinds:
+        return "llama.cpp's qwen4exp loader takes no .scale for this tensor, so weight_scale_2 cannot be kept"
+    if t.shape[-1] % NVFP4_BLOCK:
+        return f"rows of {t.shape[-1]} values are not whole {NVFP4_BLOCK}-value ggml NVFP4 blocks"
+    cols = t.nv["cols"]
+    if cols is not None:
+        g = np.asarray(cols).reshape(-1, NVFP4_GROUP)
+        if not (np.all(g[:, 0] % NVFP4_GROUP == 0) and np.all(g == g[:, :1] + np.arange(NVFP4_GROUP))):
+            return (f"its column permutation splits {NVFP4_GROUP}-value scale groups (V head width not a multiple "
+                    f"of {NVFP4_GROUP})")
+    return None
+
+
+def _nv_chunks(plan: "_Plan", t: OutTensor) -> Callable[[], Iterator[np.ndarray]]:
+    """ggml NVFP4 bytes of t, one source matrix (expert) at a time: codes and block scales move together
+    (rows with their scales; a column permutation of whole 16-value groups moves the groups' scales)."""
+    rows, cols = t.nv["rows"], t.nv["cols"]
+
+    def gen():
+        for name in t.nv["srcs"]:
+            src = plan.nv[name]
+            codes = _nv_unpack(np.asarray(plan.ck.raw(src.weight)))
+            sc = _nv_scales(plan.ck, src)
+            if rows is not None:
+                codes, sc = codes[rows], sc[rows]
+            if cols is not None:
+                codes, sc = codes[:, cols], sc[:, np.asarray(cols)[::NVFP4_GROUP] // NVFP4_GROUP]
+            yield nv_pack_ggml(codes, sc)
+    return gen
+
+
+def _nv_outputs(plan: "_Plan", t: OutTensor, log) -> list[OutTensor]:
+    """t as NVFP4 plus its `.scale` ({1}, or {n_expert} for stacked experts; omitted when every value is 1) and
+    `.input_scale` (likewise; llama.cpp loads it but does not compute with it), as llama.cpp's converter
+    writes them; or t unchanged (dequantized) with the reason logged."""
+    from .quantize import SCALE_KINDS
+
+    why = nv_block_reason(t, SCALE_KINDS)
+    if why is not None:
+        t.notes.append(f"NVFP4 source dequantized: {why}")
+        if log:
+            log(f"{t.name}: ModelOpt NVFP4 -> dequantized ({why})")
+        return [t]
+    t.qtype, t.chunks = "NVFP4", _nv_chunks(plan, t)
+    out = [t]
+    stacked = len(t.shape) == 3
+    base = t.name[:-len(".weight")]
+    s2 = np.array([plan.nv_scale2(n) for n in t.nv["srcs"]], dtype=np.float32)
+    extra = [(".scale", s2)]
+    inp = [plan.nv[n].input_scale for n in t.nv["srcs"]]
+    if all(x is not None for x in inp):
+        extra.append((".input_scale", np.array([plan.ck.f32(x).reshape(-1)[0] for x in inp], dtype=np.float32)))
+    for suffix, v in extra:
+        if np.all(v == 1.0):
+            continue
+        v = v if stacked else v[:1]
+        out.append(OutTensor(base + suffix, v.shape, lambda v=v: iter([v]), force_f32=True))
+    return out
+
+
 def _encode(a: np.ndarray, qtype: str) -> np.ndarray:
+    if qtype == "NVFP4":          # already ggml blocks
+        return np.ascontiguousarray(a, dtype=np.uint8)
     a = np.ascontiguousarray(a, dtype=np.float32)
     if qtype == "F32":
         return a
@@ -502,6 +785,8 @@ def _nbytes(shape: tuple, qtype: str) -> int:
         return 2 * n
     if qtype == "Q8_0":
         return n // 32 * 34
+    if qtype == "NVFP4":
+        return n // NVFP4_BLOCK * 36
     raise ValueError(qtype)
 
 
@@ -699,7 +984,8 @@ def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> N
 
 def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str | None = None,
             log: Callable[[str], None] | None = None) -> dict:
-    """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes}}."""
+    """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes},
+    "nvfp4_dequantized": {gguf name: why} (ModelOpt NVFP4 sources that could not stay NVFP4)}."""
     import gguf
 
     from .gguf import writing as gguf_writing
@@ -709,20 +995,27 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"{hf_dir}: not a directory")
     cfg = load_config(hf_dir)
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        modelopt = read_modelopt(hf_dir, json.load(f))
     if len(cfg["ple_layer_ids"]) > 1:
         raise ConvertError(f"ple_layer_ids {cfg['ple_layer_ids']}: llama.cpp's qwen4exp format holds one PLE layer")
     ck = Checkpoint(hf_dir)
-    plan = _Plan(ck, cfg)
+    plan = _Plan(ck, cfg, modelopt)
     plan.build()
     tk = read_tokenizer(hf_dir, cfg["vocab_size"], tokenizer_pre)
 
+    tensors: list[OutTensor] = []
     for t in plan.tensors:
         t.qtype = choose_type(t, outtype)
+        tensors.extend(_nv_outputs(plan, t, log) if t.nv is not None else [t])
+    plan.tensors = tensors
+    for t in plan.tensors:
         t.nbytes = _nbytes(t.shape, t.qtype)
+    n_nv = sum(t.qtype == "NVFP4" for t in plan.tensors)
 
     # GGUFWriter's constructor already added general.architecture; _metadata adds the rest
     with gguf_writing(out_path, ARCH) as w:
-        _metadata(w, cfg, plan, tk, outtype, os.path.basename(os.path.normpath(hf_dir)))
+        _metadata(w, cfg, plan, tk, "nvfp4" if n_nv else outtype, os.path.basename(os.path.normpath(hf_dir)))
         for t in plan.tensors:
             raw = getattr(gguf.GGMLQuantizationType, t.qtype)
             w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=raw)
@@ -736,4 +1029,5 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
             if log:
                 log(f"[{k + 1:4d}/{len(plan.tensors)}] {t.name:40s} {t.qtype:5s} "
                     f"{{{', '.join(str(d) for d in reversed(t.shape))}}}")
-    return {"tensors": len(plan.tensors), "bytes": os.path.getsize(out_path), "types": types}
+    return {"tensors": len(plan.tensors), "bytes": os.path.getsize(out_path), "types": types,
+            "nvfp4_dequantized": {t.name: t.notes[-1] for t in plan.tensors if t.nv is not None and t.qtype != "NVFP4"}}

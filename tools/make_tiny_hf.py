@@ -3,12 +3,17 @@
 small byte-level BPE tokenizer, for converter and parity tests.
 
     python tools/make_tiny_hf.py OUT_DIR [--seed S] [--gate sigmoid|silu] [--budget B] [--fused-experts]
+                                 [--modelopt-nvfp4] [--expert-width N]
 
 The topology exercises every part of qwen4exp at toy widths: 4 layers (GDN, GDN, GDN, QSA), V heads != K
 heads in the GDN, 8 experts + a shared expert, PLE on a GDN layer with small hash tables split into row
 shards, and eos_token_id a list whose entries differ (PLE resets on the FIRST one). transformers
 zero-initialises every (1+w) norm and the PLE conv (DESIGN §8); they are randomised here, as are all
 other weights, at a scale that gives O(1) logits.
+
+--modelopt-nvfp4 stores the checkpoint as NVIDIA ModelOpt exports an NVFP4 model (see modelopt_nvfp4()) and
+writes OUT_DIR-dequant next to it: the same model with every quantized weight replaced by its dequantized
+float32 values, which transformers can run (it has no ModelOpt NVFP4 loader).
 
 Test-only tool: needs torch==2.13.0, transformers==5.23.0 and tokenizers (pyproject test extras).
 """
@@ -79,7 +84,8 @@ def build_tokenizer(out_dir: str) -> dict[str, int]:
     return ids
 
 
-def tiny_config(gate: str, budget: int, eos: list[int], pad: int) -> dict:
+def tiny_config(gate: str, budget: int, eos: list[int], pad: int, **overrides) -> dict:
+    """The tiny topology; keyword overrides replace fields (e.g. moe_intermediate_size=64)."""
     return dict(
         vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=4,
         layer_types=["linear_attention"] * 3 + ["full_attention"],  # as the released config spells it
@@ -95,7 +101,7 @@ def tiny_config(gate: str, budget: int, eos: list[int], pad: int) -> dict:
                          "mrope_section": [2, 1, 1]},
         rms_norm_eps=1e-6, max_position_embeddings=4096, initializer_range=0.1,
         eos_token_id=eos, pad_token_id=pad, output_gate_type=gate, tie_word_embeddings=False,
-    )
+    ) | overrides
 
 
 def randomise(model, seed: int) -> None:
@@ -122,21 +128,127 @@ def randomise(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
 
 
-def make(out_dir: str, seed: int = 0, gate: str = "sigmoid", budget: int = 64, fused_experts: bool = False) -> str:
+def make(out_dir: str, seed: int = 0, gate: str = "sigmoid", budget: int = 64, fused_experts: bool = False,
+         modelopt_nvfp4: bool = False, expert_width: int | None = None, modelopt_exclude: tuple = ()) -> str:
+    """Write the tiny checkpoint to out_dir and return out_dir. modelopt_nvfp4: store it ModelOpt-NVFP4
+    quantized, with the dequantized float checkpoint in dequant_dir(out_dir); modelopt_exclude: module
+    patterns (fnmatch) left unquantized besides MODELOPT_EXCLUDE. expert_width: the routed and shared expert
+    FFN width (default 32; 64 makes the expert down rows whole NVFP4 blocks)."""
     import torch
     from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
+    if modelopt_nvfp4 and fused_experts:
+        raise ValueError("ModelOpt exports experts per expert; --modelopt-nvfp4 and --fused-experts exclude each other")
     os.makedirs(out_dir, exist_ok=True)
     ids = build_tokenizer(out_dir)
     eos = [ids["<|endoftext|>"], ids["<|im_end|>"]]   # a list with different entries: PLE uses the first
     torch.manual_seed(seed)
-    cfg = Qwen4ExpTextConfig(**tiny_config(gate, budget, eos, ids["<|endoftext|>"]))
+    over = {} if expert_width is None else dict(moe_intermediate_size=expert_width,
+                                                 shared_expert_intermediate_size=expert_width)
+    cfg = Qwen4ExpTextConfig(**tiny_config(gate, budget, eos, ids["<|endoftext|>"], **over))
     model = Qwen4ExpForCausalLM(cfg).eval()
     randomise(model, seed)
     model.save_pretrained(out_dir)
     if fused_experts:
         _fuse_experts(out_dir)
+    if modelopt_nvfp4:
+        modelopt_nvfp4_rewrite(out_dir, dequant_dir(out_dir), tuple(modelopt_exclude))
     return out_dir
+
+
+# ------------------------------------------------------------------------------------------ ModelOpt NVFP4
+
+# Linear layers the tiny ModelOpt checkpoint keeps unquantized (listed by name in exclude_modules, as
+# ModelOpt exports do): the LM head, the routers and the hyper-connection mixing weights. Tensors of other
+# modules (norms, convs, the token embedding, 1-D parameters) are never quantized; the PLE table shards are,
+# as in the real checkpoint.
+MODELOPT_EXCLUDE = ("lm_head", "*.mlp.gate", "*.shared_expert_gate", "*_hyper_connection.*",
+                    "*.hyper_connection_mixer.*")
+NOT_LINEAR = ("model.embed_tokens",)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E4M3_MAX = 448.0
+
+
+def dequant_dir(out_dir: str) -> str:
+    """Where make(..., modelopt_nvfp4=True) puts the dequantized float checkpoint."""
+    return os.path.normpath(out_dir) + "-dequant"
+
+
+def nvfp4_quantize(w, input_amax: float | None = None) -> dict:
+    """ModelOpt's NVFP4 weight quantization of a float32 [rows, cols] torch tensor (cols % 16 == 0):
+    weight_scale_2 = amax / (6 * 448); per 16 values a block scale (block amax / 6) / weight_scale_2 rounded
+    to F8 E4M3 (an all-zero block gets 1); codes = E2M1 round-to-nearest (ties to the even code) of
+    w / (block scale * weight_scale_2), packed two per byte, value 2j in the low nibble of byte j.
+    Returns {"weight", "weight_scale", "weight_scale_2", ["input_scale"], "dequant"} where dequant =
+    (E2M1 value x block scale) x weight_scale_2 in float32."""
+    import torch
+
+    rows, cols = w.shape
+    w = w.float()
+    amax = w.abs().max()
+    s2 = (amax / (6 * E4M3_MAX)).to(torch.float32) if amax > 0 else torch.tensor(1.0)
+    blk = w.reshape(rows, cols // 16, 16)
+    bs = blk.abs().amax(-1) / 6 / s2
+    bs = torch.where(bs == 0, torch.ones_like(bs), bs).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    x = blk / (bs.float() * s2).unsqueeze(-1)
+    vals = torch.tensor(E2M1_VALUES)
+    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])          # even codes first: they win exact ties
+    dist = (x.abs().unsqueeze(-1) - vals[order]).abs()
+    code = order[dist.argmin(-1)].to(torch.uint8) | ((x < 0).to(torch.uint8) << 3)
+    code = code.reshape(rows, cols)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).contiguous()
+    signed = torch.cat([vals, -vals])
+    deq = (signed[code.long()].reshape(rows, cols // 16, 16) * bs.float().unsqueeze(-1)).reshape(rows, cols) * s2
+    out = {"weight": packed, "weight_scale": bs.contiguous(), "weight_scale_2": s2.reshape(()).clone(),
+           "dequant": deq}
+    if input_amax is not None:
+        out["input_scale"] = torch.tensor(input_amax / (6 * E4M3_MAX), dtype=torch.float32)
+    return out
+
+
+def modelopt_nvfp4_rewrite(out_dir: str, deq_dir: str, exclude: tuple = ()) -> None:
+    """Rewrite the checkpoint in out_dir as ModelOpt NVFP4 (every linear layer -- a 2-D X.weight -- whose
+    input width is a multiple of 16 and that MODELOPT_EXCLUDE does not name, PLE table shards included; each with
+    weight, weight_scale, weight_scale_2 and an input_scale), with quantization_config in config.json and
+    hf_quant_config.json; write the dequantized twin to deq_dir. `exclude`: more module patterns to leave
+    unquantized."""
+    import fnmatch
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(out_dir, "model.safetensors")
+    sd = load_file(path)
+    if os.path.exists(deq_dir):
+        shutil.rmtree(deq_dir)
+    shutil.copytree(out_dir, deq_dir)
+    q, deq, excluded = {}, {}, []
+    for k in sorted(sd):
+        v = sd[k]
+        mod = k[:-len(".weight")] if k.endswith(".weight") else None
+        ple = ".ngram_embedding.shard_" in k
+        if mod is None or v.ndim != 2 or mod in NOT_LINEAR:
+            q[k] = deq[k] = v
+            continue
+        if any(fnmatch.fnmatchcase(mod, p) for p in MODELOPT_EXCLUDE + exclude) or v.shape[1] % 16:
+            excluded.append(mod)
+            q[k] = deq[k] = v
+            continue
+        r = nvfp4_quantize(v, input_amax=None if ple else 1.0 + (len(q) % 7) / 7)
+        deq[k] = r.pop("dequant")
+        for name, t in r.items():
+            q[f"{mod}.{name}"] = t
+    save_file(q, path, metadata={"format": "pt"})
+    save_file(deq, os.path.join(deq_dir, "model.safetensors"), metadata={"format": "pt"})
+    quant = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": excluded}
+    with open(os.path.join(out_dir, "hf_quant_config.json"), "w") as f:
+        json.dump({"producer": {"name": "modelopt", "version": "tiny-fixture"}, "quantization": quant}, f, indent=2)
+    cpath = os.path.join(out_dir, "config.json")
+    with open(cpath) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "modelopt", **quant}
+    with open(cpath, "w") as f:
+        json.dump(cfg, f, indent=2)
 
 
 def _fuse_experts(out_dir: str) -> None:
@@ -171,8 +283,12 @@ def main(argv=None) -> int:
                     help="GDN output-gate activation (llama.cpp hard-codes sigmoid)")
     ap.add_argument("--budget", type=int, default=64, help="QSA indexer budget in tokens (multiple of 4)")
     ap.add_argument("--fused-experts", action="store_true", help="store experts fused instead of per expert")
+    ap.add_argument("--modelopt-nvfp4", action="store_true",
+                    help="store it ModelOpt-NVFP4 quantized; the dequantized twin goes to OUT_DIR-dequant")
+    ap.add_argument("--expert-width", type=int, default=None, help="routed and shared expert FFN width (default 32)")
     a = ap.parse_args(argv)
-    make(a.out_dir, a.seed, a.gate, a.budget, a.fused_experts)
+    make(a.out_dir, a.seed, a.gate, a.budget, a.fused_experts, modelopt_nvfp4=a.modelopt_nvfp4,
+         expert_width=a.expert_width)
     print(a.out_dir)
     return 0
 

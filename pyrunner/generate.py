@@ -206,12 +206,16 @@ def prompt_ids(model, prompt: str | Sequence[int], add_special: bool = True) -> 
 # ------------------------------------------------------------------------------------ the loop
 
 
+def _check_fits(model, ids: list[int]) -> None:
+    if len(ids) > model.n_ctx:
+        raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {model.n_ctx}; "
+                         f"shorten the prompt or raise n_ctx (--n-ctx)")
+
+
 def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float):
     """Generator: yields text pieces, returns the Completion."""
     n_ctx = model.n_ctx
-    if len(ids) > n_ctx:
-        raise ValueError(f"the prompt has {len(ids)} tokens but the context holds {n_ctx}; "
-                         f"shorten the prompt or raise n_ctx (--n-ctx)")
+    _check_fits(model, ids)
     sampler = Sampler(params)
     crit = StopCriteria(params.stop, eog, params.max_tokens)
     hist, reused = _plan_reuse(sess, ids)
@@ -294,6 +298,7 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                      presence_penalty, frequency_penalty, seed, stop, logit_bias)
     ids = prompt_ids(model, prompt, add_special)
+    _check_fits(model, ids)                  # now, not at the first piece of a stream
     sess = session if session is not None else default_session(model)
     gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start)
     if stream:

@@ -162,6 +162,8 @@ def test_full_context_ends_with_length_and_long_prompt_is_refused(tiny_path, ban
         assert c.finish_reason == "length" and len(c.tokens) == 7
         with pytest.raises(ValueError, match="17 tokens but the context holds 16"):
             generate(m, list(range(40, 57)), max_tokens=1)
+        with pytest.raises(ValueError, match="context holds 16"):      # at the call, not at the first piece
+            generate(m, list(range(40, 57)), max_tokens=1, stream=True)
 
 
 def test_prefix_reuse_evaluates_only_new_tokens_and_matches_a_fresh_session(model, ban):

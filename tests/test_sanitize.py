@@ -1,6 +1,6 @@
 """The sanitizer build: libstrata and the native unit tests compiled with AddressSanitizer +
 UndefinedBehaviorSanitizer (STRATA_SANITIZE=ON, in build/asan). Runs the C unit tests under
-CTest, then the native-facing Python suites (block formats, GGUF reader, quantizers, tokenizer, API)
+CTest, then the native-facing Python suites (block formats, GGUF reader, quantizers, tokenizer, API, model)
 against the sanitized library. Any sanitizer report fails the run."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
-          "tests/test_tokenizer.py"]
+          "tests/test_tokenizer.py", "tests/test_model_api.py"]
 
 pytestmark = [
     pytest.mark.slow,

@@ -340,6 +340,33 @@ int64_t strata_session_n_past(const strata_session *s);
 strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids,
                                   int32_t all_logits, float *logits, uint64_t logits_capacity);
 
+/* The model's tokenizer, built from its tokenizer.ggml.* metadata (free it with
+ * strata_tokenizer_free; it does not depend on m afterwards). Text given to it must already be
+ * NFC-normalised where the model's tokenizer normalises (Qwen's does; pyrunner does it for you):
+ * most text already is. */
+strata_status strata_model_tokenizer(const strata_model *m, strata_tokenizer **out);
+
+/* ---------------------------------------------------------------- sampling */
+/* llama.cpp's default chain: top-k -> top-p -> min-p (on the distribution before temperature)
+ * -> temperature -> one draw. Reproducible for a seed (splitmix64). One sampler per sequence;
+ * different samplers may be used from different threads. */
+typedef struct strata_sampler strata_sampler;
+typedef struct strata_sampler_params {
+    float temperature;   /* <= 0: greedy (argmax, lowest id on ties); default 0.8 */
+    int32_t top_k;       /* 0: off; default 40 */
+    float top_p;         /* (0, 1]; 1: off; default 0.95 */
+    float min_p;         /* [0, 1]; 0: off; default 0.05 */
+    uint64_t seed;       /* default 0 */
+} strata_sampler_params;
+strata_sampler_params strata_sampler_default_params(void);
+strata_status strata_sampler_init(const strata_sampler_params *params, strata_sampler **out);
+void strata_sampler_free(strata_sampler *s);
+/* Draws the next token from n_vocab logits (non-finite logits are never drawn). */
+strata_status strata_sampler_sample(strata_sampler *s, const float *logits, int64_t n_vocab,
+                                    int32_t *token);
+/* Argmax, lowest id on ties. */
+int32_t strata_sample_greedy(const float *logits, int64_t n_vocab);
+
 /* ---------------------------------------------------------------- devices */
 
 /* Number of usable CUDA devices (0 without a driver or GPU, or in a build without CUDA);

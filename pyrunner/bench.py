@@ -143,6 +143,8 @@ def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, log=print) -> 
 # then decode tokens/s over gen_tokens single-token calls, each feeding the greedy argmax of the previous
 # logits. With vs_llama_cpp the same file, ids and loop run through llama-cpp-python in the same process, and
 # the ratios Strata / llama.cpp are reported. Load time is measured apart and not part of either rate.
+# Strata runs first: on a file larger than the free page cache, whichever engine runs first pays for cold reads in
+# its prefill, so measure a file that is already cached (read it once, e.g. with an earlier run), on an idle machine.
 
 # The llama.cpp KV cache (type_k, type_v as ggml type ids, flash attention) used against each Strata --kv-type.
 # int8: llama.cpp's nearest is Q8_0, but llama-cpp-python 0.3.36 aborts the process (a GGML_ASSERT in

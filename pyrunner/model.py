@@ -17,7 +17,22 @@ import numpy as np
 from ._native import check, ffi, lib
 
 KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
-DEVICES = ("cpu",)
+DEVICES = {"cpu": lib.STRATA_DEVICE_CPU, "sim": lib.STRATA_DEVICE_SIM, "cuda": lib.STRATA_DEVICE_CUDA}
+# Offload counters (strata_offload_stats) -> the DESIGN §9 stats keys where one exists.
+_OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "cache_swaps": "cache_swaps",
+                 "pcie_groups": "pcie_groups", "pcie_bytes": "pcie_bytes", "cpu_groups": "cpu_groups",
+                 "cpu_s": "cpu_s", "skipped_experts": "skipped_experts", "cpu_bytes": "cpu_bytes",
+                 "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows"}
+
+
+def _env_float(name: str):
+    v = os.environ.get(name)
+    if v in (None, ""):
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not a number") from None
 
 
 def _kv_type(name: str) -> int:
@@ -32,25 +47,47 @@ class Model:
 
     def __init__(self, path, threads: int | None = None, n_ctx: int = 32768, device: str = "cpu",
                  cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
-                 mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192):
+                 mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
+                 sim_link_gbps: float | None = None, tail_skip: int | None = None):
+        """device: "cpu" (every expert on the CPU pool), "sim" (a simulated GPU: host memory, a
+        copy engine of sim_link_gbps GB/s, default 16) or "cuda"; cache_gib: device memory for
+        resident experts; pcie_frac: share of missing experts sent over the link (None: from the
+        link probe, then adapted by pyrunner.controller during generation); tail_skip: rank K from
+        which a non-resident expert is skipped (None: STRATA_ROUTE_TAIL_SKIP, else DESIGN §4's
+        default: 7 on the offload path while the cache holds < 90 % of expert bytes, off on cpu)."""
         path = os.fspath(path)
         if device not in DEVICES:
-            raise ValueError(f"device {device!r} is not available in this build; use one of {', '.join(DEVICES)}")
+            raise ValueError(f"device {device!r}: choose one of {', '.join(DEVICES)}")
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive (got {n_ctx})")
         if prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive (got {prefill_chunk})")
+        if cache_gib is not None and cache_gib < 0:
+            raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
+        if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
+            raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file {path!r} does not exist")
+        if tail_skip is None:
+            env = os.environ.get("STRATA_ROUTE_TAIL_SKIP")
+            tail_skip = int(env) if env not in (None, "") else -1
+        if sim_link_gbps is None:
+            sim_link_gbps = _env_float("STRATA_SIM_LINK_GBPS") or 16.0
         self.path = path
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
+        self.pcie_frac_fixed = pcie_frac is not None
         p = ffi.new("strata_model_params *", lib.strata_model_default_params())
         p.n_threads = int(threads or 0)
         p.n_ctx = int(n_ctx)
         p.kv_type = _kv_type(kv_type)
         p.n_ubatch = min(512, self.prefill_chunk)
+        p.device = DEVICES[device]
+        p.cache_bytes = int((cache_gib or 0) * (1 << 30))
+        p.pcie_frac = -1.0 if pcie_frac is None else float(pcie_frac)
+        p.sim_link_gbps = float(sim_link_gbps)
+        p.tail_skip = int(tail_skip)
         out = ffi.new("strata_model **")
         check(lib.strata_model_load(path.encode(), p, out))
         self._ptr = ffi.gc(out[0], lib.strata_model_free)
@@ -88,6 +125,33 @@ class Model:
 
     def detokenize(self, ids) -> str:
         return self.tokenizer.detokenize(ids)
+
+    # ------------------------------------------------------------------ offload engine
+    @property
+    def offload_log(self) -> str:
+        """How the offload engine was set up: device, slots, link probe, pcie_frac, tail skip and why."""
+        return ffi.string(lib.strata_model_offload_log(self._ptr)).decode()
+
+    def offload_stats(self) -> dict:
+        """Cumulative offload counters since load (take differences per request)."""
+        st = ffi.new("strata_offload_stats *")
+        check(lib.strata_model_offload_stats(self._ptr, st))
+        out = {k: getattr(st, f) for f, k in _OFFLOAD_KEYS.items()}
+        out["pcie_frac"] = float(st.pcie_frac)
+        out["tail_skip"] = int(st.tail_skip)
+        out["cache_slots"] = int(st.cache_slots)
+        out["staging_slots"] = int(st.staging_slots)
+        out["slot_bytes"] = int(st.slot_bytes)
+        out["probe_gbps"] = float(st.probe_gbps)
+        return out
+
+    def trace_routing(self, path) -> None:
+        """Write every MoE layer's routing per window to `path` as JSON lines (None stops); the
+        format is pyrunner.cachesim's, so `strata cache-sim` can replay it."""
+        check(lib.strata_model_trace_routing(self._ptr, os.fspath(path).encode() if path is not None else ffi.NULL))
+
+    def set_pcie_frac(self, frac: float) -> None:
+        check(lib.strata_model_set_pcie_frac(self._ptr, float(frac)))
 
     # ------------------------------------------------------------------ sessions
     def session(self) -> "Session":

@@ -298,7 +298,23 @@ typedef struct strata_model_params {
     int64_t n_ctx;       /* tokens a session can hold; default 32768 */
     int32_t kv_type;     /* strata_kv_type; default STRATA_KV_F16 */
     int32_t n_ubatch;    /* tokens per internal forward step (a longer eval is split); default 512 */
+    /* MoE offload (DESIGN §4) */
+    int32_t device;      /* strata_device: CPU (default: every expert on the CPU pool), SIM, CUDA */
+    uint64_t cache_bytes;/* device memory for resident experts (SIM/CUDA); 0 = none */
+    float pcie_frac;     /* share of missing experts copied to the device; < 0 = from the link probe */
+    float sim_link_gbps; /* SIM copy-engine bandwidth in GB/s; default 16 */
+    int32_t tail_skip;   /* -1 (default): rank 7 on the offload path while the cache holds < 90 %
+                            of routed expert bytes, off on CPU; 0: off; K > 0: skip experts that
+                            every token ranks >= K (0-based) when not resident */
+    int32_t n_staging;   /* device staging slots for missing experts; default 4 */
+    int32_t adjust_interval; /* windows between expert-cache adjustment rounds; default 32 */
 } strata_model_params;
+
+typedef enum strata_device {
+    STRATA_DEVICE_CPU = 0,
+    STRATA_DEVICE_SIM = 1,
+    STRATA_DEVICE_CUDA = 2
+} strata_device;
 strata_model_params strata_model_default_params(void);
 
 typedef struct strata_model_info {
@@ -323,6 +339,40 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 /* No session of m may be alive. NULL is allowed. */
 void strata_model_free(strata_model *m);
 strata_status strata_model_get_info(const strata_model *m, strata_model_info *out);
+/* Offload counters since load (cumulative: a caller takes differences per request). */
+typedef struct strata_offload_stats {
+    int32_t device;          /* strata_device */
+    float pcie_frac;
+    int32_t tail_skip;       /* K in effect (0 = off) */
+    int32_t cache_slots;
+    int32_t staging_slots;
+    uint64_t slot_bytes;
+    double probe_gbps;       /* link probe at load (0 on CPU) */
+    uint64_t cache_hits;
+    uint64_t cache_lookups;
+    uint64_t cache_swaps;
+    uint64_t cache_admits;
+    uint64_t pcie_groups;    /* missing expert groups copied and run on the device */
+    uint64_t pcie_bytes;
+    uint64_t cpu_groups;     /* expert groups run on the CPU pool */
+    uint64_t cpu_bytes;      /* their weight bytes */
+    uint64_t skipped_experts;
+    double cpu_s;            /* wall time of the CPU expert stages */
+    double copy_s;           /* copy-engine busy time */
+    double device_s;         /* device compute time */
+    uint64_t windows;
+} strata_offload_stats;
+strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
+/* The share of missing expert groups sent over the link from now on (the controller's output). */
+strata_status strata_model_set_pcie_frac(strata_model *m, float pcie_frac);
+/* One line on how the offload engine was set up (device, slots, probe, pcie_frac, tail skip and
+ * why); static until the model is freed. */
+const char *strata_model_offload_log(const strata_model *m);
+
+/* Writes the routing of every MoE layer and window to path as JSON lines (pyrunner/cachesim.py
+ * documents the format; `strata cache-sim` replays it); NULL stops and closes the file. */
+strata_status strata_model_trace_routing(strata_model *m, const char *path);
+
 /* The model's GGUF (metadata, tokenizer arrays); valid while m lives. */
 const strata_gguf *strata_model_gguf(const strata_model *m);
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "context.h"
+#include "moe/offload.h"
 #include "util/error.h"
 
 uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
@@ -27,6 +28,13 @@ strata_model_params strata_model_default_params(void) {
     p.n_ctx = 32768;
     p.kv_type = STRATA_KV_F16;
     p.n_ubatch = 512;
+    p.device = STRATA_DEVICE_CPU;
+    p.cache_bytes = 0;
+    p.pcie_frac = -1.0f;
+    p.sim_link_gbps = 16.0f;
+    p.tail_skip = -1;
+    p.n_staging = 4;
+    p.adjust_interval = 32;
     return p;
 }
 
@@ -57,6 +65,8 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     m->pool = strata_context_pool(m->ctx);
     m->params.n_threads = strata_context_n_threads(m->ctx);
     m->isa = strata_isa_best() == STRATA_ISA_AVX2 ? STRATA_ISA_IDX_AVX2 : STRATA_ISA_IDX_SCALAR;
+    pthread_mutex_init(&m->trace_mu, NULL);
+    if ((rc = off_create(m))) goto fail;
     *out = m;
     return STRATA_OK;
 fail:
@@ -74,6 +84,8 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 
 void strata_model_free(strata_model *m) {
     if (!m) return;
+    off_free(m);
+    if (m->trace) fclose(m->trace);
     mdl_model_release(m);
     strata_context_free(m->ctx);
     strata_gguf_close(m->gguf);
@@ -95,6 +107,19 @@ strata_status strata_model_get_info(const strata_model *m, strata_model_info *ou
     out->ple_layer = m->hp.ple_layer;
     out->weight_bytes = m->weight_bytes;
     out->state_bytes = mdl_state_bytes(m, m->params.n_ctx);
+    return STRATA_OK;
+}
+
+strata_status strata_model_trace_routing(strata_model *m, const char *path) {
+    if (!m) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_trace_routing: null model");
+    FILE *f = NULL;
+    if (path && !(f = fopen(path, "w")))
+        return strata_fail(STRATA_ERR_IO, "routing trace %s: cannot open for writing", path);
+    pthread_mutex_lock(&m->trace_mu);
+    if (m->trace) fclose(m->trace);
+    m->trace = f;
+    m->trace_window = 0;
+    pthread_mutex_unlock(&m->trace_mu);
     return STRATA_OK;
 }
 

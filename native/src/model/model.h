@@ -21,7 +21,9 @@
 #define STRATA_MODEL_MODEL_H
 
 #include <stdint.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "strata.h"
 #include "quant/quant.h"
@@ -132,6 +134,10 @@ struct strata_model {
     int64_t ple_table_rows;
     mdl_layer layers[MDL_MAX_LAYERS];
     uint64_t weight_bytes;
+    struct mdl_offload *off;   /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
+    FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
+    pthread_mutex_t trace_mu;  /* guards trace and trace_window */
+    uint64_t trace_window;
 };
 
 /* ---------------------------------------------------------------- per-sequence state */

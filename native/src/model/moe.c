@@ -12,7 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <stdio.h>
+#include <time.h>
+
 #include "kernels/cpu/matmul.h"
+#include "moe/offload.h"
 #include "util/error.h"
 
 static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t n, float *y) {
@@ -21,12 +26,54 @@ static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t 
     return it;
 }
 
+/* One JSON line per (window, layer) for --trace-routing (format: pyrunner/cachesim.py): the
+ * experts each token picked in rank order with their weights, and for the offload path which
+ * groups were device-resident and which were skipped. */
+static void trace_routing(strata_model *m, int il, int64_t L, int64_t K, const int32_t *pick, const float *pw,
+                          int64_t Ne, const int8_t *kind) {
+    pthread_mutex_lock(&m->trace_mu);
+    if (il == 0) m->trace_window++;
+    FILE *f = m->trace;
+    fprintf(f, "{\"window\": %llu, \"layer\": %d, \"tokens\": [", (unsigned long long)m->trace_window - 1, il);
+    for (int64_t t = 0; t < L; t++) {
+        fputs(t ? ", [" : "[", f);
+        for (int64_t k = 0; k < K; k++) fprintf(f, k ? ", %d" : "%d", pick[t * K + k]);
+        fputc(']', f);
+    }
+    fputs("], \"weights\": [", f);
+    for (int64_t t = 0; t < L; t++) {
+        fputs(t ? ", [" : "[", f);
+        for (int64_t k = 0; k < K; k++) fprintf(f, k ? ", %.6g" : "%.6g", (double)pw[t * K + k]);
+        fputc(']', f);
+    }
+    fputc(']', f);
+    if (kind) {
+        const char *names[2] = {"resident", "skipped"};
+        const int8_t want[2] = {OFF_DEVICE, OFF_SKIP};
+        for (int w = 0; w < 2; w++) {
+            fprintf(f, ", \"%s\": [", names[w]);
+            int first = 1;
+            for (int64_t e = 0; e < Ne; e++)
+                if (kind[e] == want[w]) { fprintf(f, first ? "%lld" : ", %lld", (long long)e); first = 0; }
+            fputc(']', f);
+        }
+    }
+    fputs("}\n", f);
+    pthread_mutex_unlock(&m->trace_mu);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static float mat_scale(const mdl_mat *w, int64_t e) {
     return w->scale ? w->scale[w->n_scale == 1 ? 0 : e] : 1.0f;
 }
 
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y) {
-    const strata_model *m = s->m;
+    strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fe = hp->ff_exp, Fs = hp->ff_shexp;
@@ -40,6 +87,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
     float *out = malloc((size_t)(L * K * E + L * E) * sizeof(float));
     strata_mm_item *mm = NULL;
+    int8_t *kind = NULL;            /* offload: OFF_* per expert; NULL: every group on the CPU pool */
+    int32_t *dslot = NULL;
+    uint64_t dev_seq = 0, cpu_groups = 0, cpu_bytes = 0;
+    int locked = 0;
     strata_status rc = STRATA_OK;
     if (!logits || !pick || !pw || !count || !slot || !xg || !gu || !hb || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
@@ -88,10 +139,32 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
     for (int64_t i = 0; i < L * K; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));
     float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = out + L * K * E;
+    /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool */
+    if (m->off) {
+        kind = malloc((size_t)Ne);
+        dslot = malloc((size_t)Ne * sizeof(int32_t));
+        int32_t *min_rank = malloc((size_t)Ne * sizeof(int32_t));
+        if (!kind || !dslot || !min_rank) {
+            free(min_rank);
+            rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il);
+            goto done;
+        }
+        for (int64_t e = 0; e < Ne; e++) min_rank[e] = INT32_MAX;
+        for (int64_t i = 0; i < L * K; i++)
+            if ((int32_t)(i % K) < min_rank[pick[i]]) min_rank[pick[i]] = (int32_t)(i % K);
+        off_begin(m, il, Ne, count, min_rank, kind, dslot);
+        locked = 1;
+        free(min_rank);
+        if ((rc = off_submit(m, il, Ne, count, kind, dslot, xg, out, &dev_seq))) goto done;
+    }
+    if (m->trace) trace_routing(m, il, L, K, pick, pw, Ne, kind);
+    const double t_cpu = now_s();
     int nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (!n) continue;
+        if (!n || (kind && kind[e] != OFF_CPU)) continue;
+        cpu_groups++;
+        cpu_bytes += (uint64_t)(l->exp_gate.mat_bytes + (l->exp_fused ? 0 : l->exp_up.mat_bytes) + l->exp_down.mat_bytes);
         if (l->exp_fused) {
             mm[nm_++] = item(&l->exp_gate, e, xg + r0 * E, n, gu + r0 * 2 * Fe);
         } else {
@@ -104,7 +177,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (!n) continue;
+        if (!n || (kind && kind[e] != OFF_CPU)) continue;
         const float s1 = mat_scale(&l->exp_gate, e), s2 = l->exp_fused ? s1 : mat_scale(&l->exp_up, e);
         const float *g = gu + r0 * 2 * Fe;
         float *h = hb + r0 * Fe;
@@ -123,15 +196,19 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (n) mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
+        if (n && !(kind && kind[e] != OFF_CPU)) mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
     }
     mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
     if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
+    if (locked) {
+        locked = 0;
+        if ((rc = off_finish(m, il, dev_seq, now_s() - t_cpu, cpu_groups, cpu_bytes))) goto done;
+    }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
     memset(y, 0, (size_t)(L * E) * sizeof(float));
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (!n) continue;
+        if (!n || (kind && kind[e] == OFF_SKIP)) continue;   /* a skipped expert adds nothing */
         const float sd = mat_scale(&l->exp_down, e);
         for (int64_t i = 0; i < n; i++) {
             const int64_t sl = slot[r0 + i];
@@ -154,6 +231,12 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         }
     }
 done:
+    if (locked) {
+        /* an error between off_begin and off_finish: drain the device before the buffers go */
+        (void)off_finish(m, il, dev_seq, 0.0, 0, 0);
+    }
+    free(kind);
+    free(dslot);
     free(logits); free(pick); free(pw); free(count); free(slot); free(xg); free(gu); free(hb); free(out); free(mm);
     return rc;
 }

@@ -1,0 +1,318 @@
+/*
+ * offload.c — set-up, per-layer planning and bookkeeping of the MoE offload engine (offload.h).
+ *
+ * Per MoE layer and window (model/moe.c drives it):
+ *   off_begin      lock; publish finished loads; for every active expert group: note its picks
+ *                  (heat), look it up: resident → device; missing → tail skip (if on and every
+ *                  token ranks it ≥ K), else admitted into a free cache slot (copy, then device),
+ *                  else one of the pcie_frac share of missing groups (copy into a staging slot, then
+ *                  device), else the CPU pool;
+ *   off_submit     copies and one device computation for every device group (before the CPU works);
+ *   off_finish     wait for the device, count, run an adjustment round every adjust_interval
+ *                  windows (its copies are queued now and published later), unlock.
+ */
+#include "moe/offload.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "util/error.h"
+
+static char g_no_offload_log[] = "device cpu: every expert on the CPU pool";
+
+static size_t blob_bytes(const mdev_expert_shape *s) { return s->gate_bytes + s->up_bytes + s->down_bytes; }
+
+static void expert_src(const strata_model *m, int il, int32_t e, const void *src[3], size_t bytes[3]) {
+    const mdl_layer *l = &m->layers[il];
+    const mdev_expert_shape *s = &m->off->shape[il];
+    src[0] = l->exp_gate.data + (size_t)e * l->exp_gate.mat_bytes;
+    bytes[0] = s->gate_bytes;
+    src[1] = s->fused ? NULL : l->exp_up.data + (size_t)e * l->exp_up.mat_bytes;
+    bytes[1] = s->up_bytes;
+    src[2] = l->exp_down.data + (size_t)e * l->exp_down.mat_bytes;
+    bytes[2] = s->down_bytes;
+}
+
+strata_status off_create(strata_model *m) {
+    const strata_model_params *p = &m->params;
+    const mdl_hparams *hp = &m->hp;
+    if (p->device == STRATA_DEVICE_CPU && p->tail_skip <= 0) return STRATA_OK;   /* plain CPU: no engine */
+    if (p->device == STRATA_DEVICE_CUDA) {
+        const char *why = NULL;
+        if (strata_cuda_device_count(&why) <= 0)
+            return strata_fail(STRATA_ERR_NO_DEVICE, "device cuda: %s; use --device cpu or sim", why ? why : "no GPU");
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "device cuda: the CUDA expert kernels are not built yet; use --device sim or cpu");
+    }
+    if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_SIM)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "device %d: use 0 cpu, 1 sim, 2 cuda", p->device);
+    mdl_offload *o = calloc(1, sizeof *o);
+    if (!o) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
+    m->off = o;
+    pthread_mutex_init(&o->mu, NULL);
+    o->shape = calloc((size_t)hp->n_layer, sizeof *o->shape);
+    if (!o->shape) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
+    uint64_t routed_bytes = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const mdl_layer *l = &m->layers[il];
+        mdev_expert_shape *s = &o->shape[il];
+        s->tg = l->exp_gate.t;
+        s->tu = l->exp_fused ? NULL : l->exp_up.t;
+        s->td = l->exp_down.t;
+        s->E = hp->n_embd;
+        s->Fe = hp->ff_exp;
+        s->fused = l->exp_fused;
+        s->gate_bytes = l->exp_gate.mat_bytes;
+        s->up_bytes = l->exp_fused ? 0 : l->exp_up.mat_bytes;
+        s->down_bytes = l->exp_down.mat_bytes;
+        if (blob_bytes(s) > o->slot_bytes) o->slot_bytes = blob_bytes(s);
+        routed_bytes += (uint64_t)blob_bytes(s) * (uint64_t)hp->n_expert;
+    }
+    const int64_t total_experts = (int64_t)hp->n_layer * hp->n_expert;
+    int64_t n_cache = p->device == STRATA_DEVICE_SIM ? (int64_t)(p->cache_bytes / o->slot_bytes) : 0;
+    if (n_cache > total_experts) n_cache = total_experts;
+    o->n_cache_slots = (int32_t)n_cache;
+    o->n_staging = p->device == STRATA_DEVICE_SIM ? (p->n_staging > 0 ? p->n_staging : 4) : 0;
+    o->adjust_interval = p->adjust_interval > 0 ? p->adjust_interval : 32;
+    const double covered = routed_bytes ? (double)n_cache * (double)o->slot_bytes / (double)routed_bytes : 0.0;
+    if (p->tail_skip == 0) { o->tail_skip = 0; o->tail_skip_why = "off (asked)"; }
+    else if (p->tail_skip > 0) { o->tail_skip = p->tail_skip; o->tail_skip_why = "on (asked)"; }
+    else if (p->device == STRATA_DEVICE_CPU) { o->tail_skip = 0; o->tail_skip_why = "off (cpu device: exact output)"; }
+    else if (covered < 0.9) { o->tail_skip = 7; o->tail_skip_why = "on (cache holds < 90% of routed expert bytes)"; }
+    else { o->tail_skip = 0; o->tail_skip_why = "off (cache holds >= 90% of routed expert bytes)"; }
+    if (o->tail_skip >= hp->n_expert_used) o->tail_skip = 0;
+    if (p->device == STRATA_DEVICE_SIM) {
+        mdev_params dp = {.kind = MDEV_SIM, .n_slots = o->n_cache_slots + o->n_staging, .slot_bytes = o->slot_bytes,
+                          .link_gbps = p->sim_link_gbps > 0 ? p->sim_link_gbps : 16.0, .isa = m->isa};
+        strata_status rc = mdev_create(&dp, &o->dev);
+        if (rc) return rc;
+        ec_params ep = ec_default_params();
+        ep.n_layer = hp->n_layer;
+        ep.n_expert = hp->n_expert;
+        ep.n_slots = o->n_cache_slots;
+        if ((rc = ec_create(&ep, &o->ec))) return rc;
+        o->probe_gbps = mdev_probe(o->dev, (size_t)16 << 20, 3);
+    }
+    /* initial share: 0.55 x probe / 20, clamped (DESIGN §4), unless given */
+    o->pcie_frac = p->pcie_frac >= 0 ? p->pcie_frac : (float)(0.55 * o->probe_gbps / 20.0);
+    if (!(o->pcie_frac >= 0.0f)) o->pcie_frac = 0.0f;
+    if (o->pcie_frac > 1.0f) o->pcie_frac = 1.0f;
+    if (!o->dev) o->pcie_frac = 0.0f;
+    snprintf(o->log, sizeof o->log,
+             "device %s: %d cache slots of %.2f MiB (%.1f%% of routed expert bytes), %d staging slots, "
+             "link probe %.2f GB/s, pcie_frac %.2f, tail skip %s%s",
+             o->dev ? mdev_name(o->dev) : "cpu", o->n_cache_slots, (double)o->slot_bytes / (1 << 20), 100.0 * covered,
+             o->n_staging, o->probe_gbps, o->pcie_frac, o->tail_skip_why,
+             o->tail_skip ? (o->tail_skip == 7 ? " (rank >= 7)" : " (custom rank)") : "");
+    return STRATA_OK;
+}
+
+void off_free(strata_model *m) {
+    mdl_offload *o = m->off;
+    if (!o) return;
+    mdev_free(o->dev);
+    if (o->ec) ec_free(o->ec);
+    free(o->shape);
+    free(o->pending);
+    pthread_mutex_destroy(&o->mu);
+    free(o);
+    m->off = NULL;
+}
+
+static strata_status add_pending(mdl_offload *o, int32_t slot, uint64_t seq) {
+    if (o->n_pending == o->cap_pending) {
+        const int32_t nc = o->cap_pending ? 2 * o->cap_pending : 64;
+        off_load *np = realloc(o->pending, (size_t)nc * sizeof *np);
+        if (!np) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
+        o->pending = np;
+        o->cap_pending = nc;
+    }
+    o->pending[o->n_pending++] = (off_load){slot, seq};
+    return STRATA_OK;
+}
+
+static void publish_loads(mdl_offload *o) {
+    if (!o->dev) return;
+    const uint64_t done = mdev_done(o->dev);
+    int32_t k = 0;
+    for (int32_t i = 0; i < o->n_pending; i++) {
+        if (o->pending[i].seq <= done) ec_loaded(o->ec, o->pending[i].slot);
+        else o->pending[k++] = o->pending[i];
+    }
+    o->n_pending = k;
+}
+
+void off_begin(strata_model *m, int il, int64_t Ne, const int64_t *count, const int32_t *min_rank, int8_t *kind,
+               int32_t *slot) {
+    mdl_offload *o = m->off;
+    pthread_mutex_lock(&o->mu);
+    publish_loads(o);
+    if (il == 0) o->windows++;
+    int64_t n_missing = 0;
+    for (int64_t e = 0; e < Ne; e++) {
+        const int64_t n = count[e + 1] - count[e];
+        kind[e] = OFF_NONE;
+        if (!n) continue;
+        int32_t s = -1;
+        if (o->ec) {
+            for (int64_t i = 0; i < n; i++) ec_note(o->ec, il, (int32_t)e);
+            s = ec_lookup(o->ec, il, (int32_t)e);
+            o->lookups++;
+        }
+        if (s >= 0) {
+            o->hits++;
+            kind[e] = OFF_DEVICE;
+            slot[e] = s;
+        } else if (o->tail_skip > 0 && min_rank[e] >= o->tail_skip) {
+            kind[e] = OFF_SKIP;
+            o->skipped++;
+        } else {
+            kind[e] = OFF_CPU;
+            n_missing++;
+        }
+    }
+    if (!o->dev) return;
+    /* missing groups: a free cache slot first (admit), then the pcie_frac share into staging */
+    int64_t i_missing = 0;
+    for (int64_t e = 0; e < Ne; e++) {
+        if (kind[e] != OFF_CPU) continue;
+        int32_t s;
+        if (o->ec && ec_admit(o->ec, il, (int32_t)e, &s)) {
+            kind[e] = OFF_ADMIT;
+            slot[e] = s;
+            o->admits++;
+            continue;
+        }
+        /* spread the share evenly over the missing groups: group i goes when floor((i+1)f) > floor(i f) */
+        const double f = o->pcie_frac;
+        if (o->n_staging > 0 && floor((double)(i_missing + 1) * f) > floor((double)i_missing * f)) {
+            kind[e] = OFF_STAGE;
+            slot[e] = o->n_cache_slots + o->next_staging;
+            o->next_staging = (o->next_staging + 1) % o->n_staging;
+        }
+        i_missing++;
+    }
+}
+
+strata_status off_submit(strata_model *m, int il, int64_t Ne, const int64_t *count, const int8_t *kind,
+                         const int32_t *slot, const float *xg, float *out, uint64_t *seq) {
+    mdl_offload *o = m->off;
+    const mdl_layer *l = &m->layers[il];
+    const int64_t E = m->hp.n_embd;
+    *seq = 0;
+    if (!o->dev) return STRATA_OK;
+    mdev_group *g = malloc((size_t)Ne * sizeof *g);
+    if (!g) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
+    int ng = 0;
+    strata_status rc = STRATA_OK;
+    /* resident groups first, in one computation: the device starts on them at once */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t e = 0; e < Ne; e++) {
+            const int copied = kind[e] == OFF_ADMIT || kind[e] == OFF_STAGE;
+            if (pass == 0 ? kind[e] != OFF_DEVICE : !copied) continue;
+            const int64_t n = count[e + 1] - count[e], r0 = count[e];
+            if (copied) {
+                const void *src[3];
+                size_t bytes[3];
+                uint64_t cs;
+                expert_src(m, il, (int32_t)e, src, bytes);
+                if ((rc = mdev_copy(o->dev, slot[e], src, bytes, &cs))) goto done;
+                if (kind[e] == OFF_ADMIT && (rc = add_pending(o, slot[e], cs))) goto done;
+                o->pcie_groups++;
+                o->pcie_bytes += bytes[0] + bytes[1] + bytes[2];
+            }
+            g[ng++] = (mdev_group){.shape = &o->shape[il], .slot = slot[e],
+                                   .sg = l->exp_gate.scale ? l->exp_gate.scale[l->exp_gate.n_scale == 1 ? 0 : e] : 1.0f,
+                                   .su = l->exp_up.scale ? l->exp_up.scale[l->exp_up.n_scale == 1 ? 0 : e] : 1.0f,
+                                   .x = xg + r0 * E, .n = n, .out = out + r0 * E};
+            if (l->exp_fused) g[ng - 1].su = g[ng - 1].sg;
+            /* a copied group computes right after its copy, before the next copy can reuse a
+             * staging slot (the queue is in order) */
+            if (pass == 1) {
+                if ((rc = mdev_compute(o->dev, g, ng, seq))) goto done;
+                ng = 0;
+            }
+        }
+        if (pass == 0 && ng) {
+            if ((rc = mdev_compute(o->dev, g, ng, seq))) goto done;
+            ng = 0;
+        }
+    }
+done:
+    free(g);
+    return rc;
+}
+
+strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, uint64_t cpu_groups, uint64_t cpu_bytes) {
+    mdl_offload *o = m->off;
+    strata_status rc = STRATA_OK;
+    if (o->dev && seq) mdev_wait(o->dev, seq);
+    o->cpu_s += cpu_s;
+    o->cpu_groups += cpu_groups;
+    o->cpu_bytes += cpu_bytes;
+    if (o->ec && il == m->hp.n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
+        ec_swap sw[128];
+        const int n = ec_plan_round(o->ec, sw, 128);
+        for (int i = 0; i < n && !rc; i++) {
+            const void *src[3];
+            size_t bytes[3];
+            uint64_t cs;
+            expert_src(m, sw[i].layer, sw[i].in_expert, src, bytes);
+            if (!(rc = mdev_copy(o->dev, sw[i].slot, src, bytes, &cs))) rc = add_pending(o, sw[i].slot, cs);
+        }
+        o->swaps += (uint64_t)n;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+uint64_t off_blob_bytes(const strata_model *m, int il) { return blob_bytes(&m->off->shape[il]); }
+
+strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out) {
+    if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_offload_stats: null argument");
+    memset(out, 0, sizeof *out);
+    out->device = m->params.device;
+    mdl_offload *o = m->off;
+    if (!o) return STRATA_OK;
+    pthread_mutex_lock(&o->mu);
+    out->pcie_frac = o->pcie_frac;
+    out->tail_skip = o->tail_skip;
+    out->cache_slots = o->n_cache_slots;
+    out->staging_slots = o->n_staging;
+    out->slot_bytes = o->slot_bytes;
+    out->probe_gbps = o->probe_gbps;
+    out->cache_hits = o->hits;
+    out->cache_lookups = o->lookups;
+    out->cache_swaps = o->swaps;
+    out->cache_admits = o->admits;
+    out->pcie_groups = o->pcie_groups;
+    out->pcie_bytes = o->pcie_bytes;
+    out->cpu_groups = o->cpu_groups;
+    out->cpu_bytes = o->cpu_bytes;
+    out->skipped_experts = o->skipped;
+    out->cpu_s = o->cpu_s;
+    out->windows = o->windows;
+    if (o->dev) {
+        uint64_t cb;
+        mdev_counters(o->dev, &cb, &out->copy_s, &out->device_s);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return STRATA_OK;
+}
+
+strata_status strata_model_set_pcie_frac(strata_model *m, float pcie_frac) {
+    if (!m || !(pcie_frac >= 0.0f && pcie_frac <= 1.0f))
+        return strata_fail(STRATA_ERR_INVALID_ARG, "pcie_frac must be in [0, 1] (got %g)", (double)pcie_frac);
+    if (!m->off) return STRATA_OK;
+    pthread_mutex_lock(&m->off->mu);
+    m->off->pcie_frac = m->off->dev ? pcie_frac : 0.0f;
+    pthread_mutex_unlock(&m->off->mu);
+    return STRATA_OK;
+}
+
+const char *strata_model_offload_log(const strata_model *m) {
+    if (!m || !m->off) return g_no_offload_log;
+    return m->off->log;
+}

@@ -1,0 +1,141 @@
+"""The MoE offload engine (DESIGN §4, issue 5) on the `sim` device: a host-memory GPU with its own
+thread and a rate-limited copy engine, so every scheduling path runs without a GPU.
+
+- With tail skip off, `sim` at cache budgets of 0 %, 30 % and 100 % of the routed experts and
+  pcie_frac 0, 0.5 and 1 gives the tokens and logits of `cpu` over 64 greedy steps, and the counters
+  show that each path was taken (hits with a budget, PCIe groups with pcie_frac > 0, swaps with a
+  partial budget).
+- Tail skip follows its rule exactly, checked against the routing trace of the same run: an active
+  expert is skipped iff it is not resident and every token ranks it >= K; the defaults (off on cpu
+  unless asked; on the offload path only while the cache holds < 90 % of expert bytes).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pyrunner import models
+from pyrunner.model import Model
+
+N_STEPS = 64
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("offload") / "tiny.gguf"
+    models.make_model("tiny", str(out), recipe="f32", seed=7)
+    return str(out)
+
+
+def _greedy(model: Model, prompt, steps: int = N_STEPS):
+    s = model.session()
+    logits = s.eval(prompt)
+    toks, rows = [], [logits]
+    for _ in range(steps):
+        t = int(np.argmax(logits))
+        toks.append(t)
+        logits = s.eval([t])
+        rows.append(logits)
+    return toks, np.array(rows)
+
+
+def _routed_bytes(path: str) -> int:
+    m = Model(path, threads=1, n_ctx=64, device="sim", tail_skip=0)
+    st = m.offload_stats()
+    return st["slot_bytes"] * m.n_layer * 8      # tiny: 8 experts per layer
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    prompt = list(np.random.default_rng(1).integers(0, 300, 24))
+    toks, rows = _greedy(Model(tiny, threads=2, n_ctx=256, kv_type="f32"), prompt)
+    return prompt, toks, rows
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("pcie", [0.0, 0.5, 1.0])
+def test_sim_gives_the_cpu_numbers(tiny, reference, budget, pcie):
+    prompt, want, want_rows = reference
+    gib = budget * _routed_bytes(tiny) / 2**30
+    m = Model(tiny, threads=2, n_ctx=256, kv_type="f32", device="sim", cache_gib=gib, pcie_frac=pcie,
+              tail_skip=0, sim_link_gbps=64)
+    toks, rows = _greedy(m, prompt)
+    assert toks == want
+    assert np.abs(rows - want_rows).max() <= 1e-4
+    st = m.offload_stats()
+    assert st["cache_lookups"] > 0 and st["skipped_experts"] == 0
+    if budget > 0:
+        assert st["cache_hits"] > 0 and st["cache_admits"] > 0
+    else:
+        assert st["cache_hits"] == 0
+    if pcie > 0 and budget < 1:
+        assert st["pcie_groups"] > st["cache_admits"], "no missing group went over the link"
+    if pcie == 0 and budget < 1:
+        assert st["cpu_groups"] > 0 and st["pcie_groups"] == st["cache_admits"]
+    if 0 < budget < 1:
+        assert st["cache_swaps"] > 0, "a partial budget never swapped (adjustment rounds did nothing)"
+    if budget == 1:
+        assert st["cpu_groups"] == 0 and st["cache_hits"] == st["cache_lookups"] - st["cache_admits"]
+
+
+def test_tail_skip_follows_its_rule(tiny, reference, tmp_path):
+    prompt, want, _ = reference
+    k = 1          # tiny routes each token to 3 experts: skip what no token ranks first
+    m = Model(tiny, threads=2, n_ctx=256, kv_type="f32", device="sim", pcie_frac=0.5, tail_skip=k,
+              cache_gib=0.3 * _routed_bytes(tiny) / 2**30)
+    trace = tmp_path / "routing.jsonl"
+    m.trace_routing(trace)
+    _greedy(m, prompt, steps=16)
+    m.trace_routing(None)
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == (1 + 16) * m.n_layer
+    n_skipped = 0
+    for r in records:
+        best = {}
+        for ranked in r["tokens"]:
+            for rank, e in enumerate(ranked):
+                best[e] = min(best.get(e, rank), rank)
+        resident = set(r["resident"])
+        want_skip = {e for e, rk in best.items() if e not in resident and rk >= k}
+        assert set(r["skipped"]) == want_skip, r
+        assert not set(r["skipped"]) & resident
+        n_skipped += len(r["skipped"])
+        assert all(abs(sum(w) - 1) < 1e-5 for w in r["weights"])   # weights are never renormalised by a skip
+    assert n_skipped > 0
+    assert m.offload_stats()["skipped_experts"] == n_skipped
+
+
+def test_tail_skip_defaults(tiny, monkeypatch):
+    monkeypatch.delenv("STRATA_ROUTE_TAIL_SKIP", raising=False)
+    cpu = Model(tiny, threads=1, n_ctx=64)
+    assert "cpu" in cpu.offload_log and cpu.offload_stats()["tail_skip"] == 0
+    small = Model(tiny, threads=1, n_ctx=64, device="sim", cache_gib=0.0)
+    assert "cache holds < 90%" in small.offload_log
+    full = Model(tiny, threads=1, n_ctx=64, device="sim", cache_gib=_routed_bytes(tiny) / 2**30)
+    assert full.offload_stats()["tail_skip"] == 0 and ">= 90%" in full.offload_log
+    # asked for on the cpu device: it skips, and says it was asked
+    monkeypatch.setenv("STRATA_ROUTE_TAIL_SKIP", "1")
+    asked = Model(tiny, threads=1, n_ctx=64)
+    assert asked.offload_stats()["tail_skip"] == 1 and "asked" in asked.offload_log
+    asked.session().eval(list(range(20)))
+    assert asked.offload_stats()["skipped_experts"] > 0
+
+
+def test_offload_arguments(tiny):
+    with pytest.raises(ValueError, match="device"):
+        Model(tiny, device="tpu")
+    with pytest.raises(ValueError, match="pcie_frac"):
+        Model(tiny, device="sim", pcie_frac=1.5)
+    m = Model(tiny, threads=1, n_ctx=64, device="sim", cache_gib=0.0, pcie_frac=0.25)
+    assert m.offload_stats()["pcie_frac"] == pytest.approx(0.25)
+    m.set_pcie_frac(0.75)
+    assert m.offload_stats()["pcie_frac"] == pytest.approx(0.75)
+    with pytest.raises(Exception, match="pcie_frac"):
+        m.set_pcie_frac(2.0)
+    # initial share from the link probe: 0.55 x probe / 20, clamped to [0, 1]
+    auto = Model(tiny, threads=1, n_ctx=64, device="sim", sim_link_gbps=4)
+    st = auto.offload_stats()
+    assert 0 < st["probe_gbps"] <= 4.5
+    assert st["pcie_frac"] == pytest.approx(min(1.0, 0.55 * st["probe_gbps"] / 20), rel=1e-4)

@@ -38,6 +38,7 @@ Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not app
 """
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 import weakref
@@ -53,7 +54,55 @@ from .sampling import Sampler, SamplingParams, StopCriteria
 _EOG_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>")
 
 STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "prefill_s", "prefill_tps",
-              "ttft_s", "decode_s", "decode_tps")
+              "ttft_s", "decode_s", "decode_tps",
+              # the offload engine (DESIGN §4, §9): present when experts run on a device or are skipped
+              "cache_hits", "cache_lookups", "hit_rate", "cache_swaps", "pcie_groups", "pcie_bytes",
+              "cpu_groups", "cpu_s", "skipped_experts", "pcie_frac")
+_OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
+                   "cpu_s", "skipped_experts")
+
+
+def _offload_stats(model, before: dict | None) -> dict:
+    """This request's share of the model's cumulative offload counters."""
+    if before is None:
+        return {}
+    now = model.offload_stats()
+    if model.device == "cpu" and now["skipped_experts"] == 0:
+        return {}
+    out = {k: now[k] - before[k] for k in _OFFLOAD_DELTAS}
+    out["hit_rate"] = out["cache_hits"] / out["cache_lookups"] if out["cache_lookups"] else 0.0
+    out["pcie_frac"] = now["pcie_frac"]
+    return out
+
+
+def _controller(model):
+    """The model's PCIe-share controller (pyrunner.controller), made on first use; None on the cpu
+    device or when pcie_frac was fixed by the user."""
+    if model.device == "cpu" or getattr(model, "pcie_frac_fixed", True):
+        return None
+    ctl = getattr(model, "_controller", None)
+    if ctl is None:
+        from .controller import Controller
+        st = model.offload_stats()
+        ctl = model._controller = Controller(st["probe_gbps"])
+        model.set_pcie_frac(ctl.pcie_frac)
+    return ctl
+
+
+def _observe(model, ctl, before: dict) -> dict:
+    """Feeds one decode window's CPU and link work to the controller; applies a new share."""
+    now = model.offload_stats()
+    new = ctl.observe_window(cpu_bytes=now["cpu_bytes"] - before["cpu_bytes"],
+                             cpu_busy_s=now["cpu_s"] - before["cpu_s"],
+                             pcie_bytes=now["pcie_bytes"] - before["pcie_bytes"],
+                             pcie_s=now["copy_s"] - before["copy_s"],
+                             missing_groups=(now["cpu_groups"] - before["cpu_groups"])
+                             + (now["pcie_groups"] - before["pcie_groups"]))
+    if new is not None:
+        model.set_pcie_frac(new)
+        for line in ctl.log[-1:]:
+            print(line, file=sys.stderr)
+    return now
 
 
 @dataclass
@@ -220,6 +269,8 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     crit = StopCriteria(params.stop, eog, params.max_tokens)
     hist, reused = _plan_reuse(sess, ids)
     stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
+    off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
+    ctl = _controller(model) if off0 is not None else None
 
     if reused < len(ids):
         t0 = time.perf_counter()
@@ -262,7 +313,10 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
             yield emit
         if crit.done:
             break
+        win0 = model.offload_stats() if ctl is not None else None
         logits = _eval(sess, hist, [tok])
+        if ctl is not None:
+            _observe(model, ctl, win0)
 
     stats["generated_tokens"] = n_sampled
     if t_first is not None and n_sampled > 1:
@@ -270,6 +324,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
         stats["decode_s"] = dt
         if dt > 0:
             stats["decode_tps"] = (n_sampled - 1) / dt
+    stats.update(_offload_stats(model, off0))
     stats = {k: stats[k] for k in STATS_KEYS if k in stats}
     return Completion("".join(parts), out_tokens, crit.finish_reason, stats)
 

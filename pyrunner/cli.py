@@ -454,5 +454,45 @@ def batch(in_path, out_path, max_tokens, quiet, **kwargs):
                + (f", {counts['duplicates']} duplicate ids ignored" if counts["duplicates"] else ""), err=True)
 
 
+# ------------------------------------------------------------------ cache-sim
+
+
+@main.command("cache-sim")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.option("--capacity", required=True,
+              help="Expert slots over all layers: a count (e.g. 96) or a share of all experts (e.g. 25%).")
+@click.option("--policy", type=click.Choice(["hotness", "lru", "lfu", "belady"]), default="hotness", show_default=True,
+              help="Replacement policy; belady is the clairvoyant optimum.")
+@click.option("--interval", type=int, default=None,
+              help="hotness: windows between adjustment rounds [default: 8].")
+@click.option("--experts", "n_expert", type=int, default=None,
+              help="Experts per layer, for a percentage capacity (default: the largest id in the trace + 1).")
+@click.option("--json", "as_json", is_flag=True, help="Print {policy, capacity, hits, lookups, hit_rate} as JSON.")
+def cache_sim(trace, capacity, policy, interval, n_expert, as_json):
+    """Replay a routing trace (written by --trace-routing) through an expert-cache policy and report
+    its hit rate: hits / lookups over every routed pick."""
+    from . import cachesim
+
+    try:
+        records = cachesim.read_trace(trace)
+        n_layer, seen_experts = cachesim.trace_shape(records)
+        if n_expert is not None and n_expert < seen_experts:
+            raise ValueError(f"--experts {n_expert}: the trace routes to expert id {seen_experts - 1}")
+        n_expert = n_expert or seen_experts
+        slots = cachesim.parse_capacity(capacity, n_layer, n_expert)
+        res = cachesim.simulate(records, slots, policy, n_layer=n_layer, n_expert=n_expert,
+                                interval=cachesim.HOT_INTERVAL if interval is None else interval)
+    except cachesim.TraceError as e:
+        raise _fail(e) from None
+    except ValueError as e:
+        raise click.ClickException(f"cache-sim: {e}") from None
+    if as_json:
+        click.echo(json.dumps(res.to_json()))
+        return
+    n_windows = sum(1 for _ in cachesim.windows(records))
+    click.echo(f"{policy}: {res.hits}/{res.lookups} hits ({100 * res.hit_rate:.1f} %) with {slots} slots "
+               f"({100 * slots / (n_layer * n_expert):.1f} % of {n_layer} layers x {n_expert} experts), "
+               f"{n_windows} windows")
+
 if __name__ == "__main__":
     main()

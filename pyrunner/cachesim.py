@@ -1,0 +1,368 @@
+"""cachesim.py — routing traces and the expert-cache simulator (DESIGN §4, issue 5 point 10).
+
+Routing trace format (written by `--trace-routing FILE`, read by `strata cache-sim`)
+-----------------------------------------------------------------------------------
+JSON lines, one line per (verify window, MoE layer), in the order the engine ran them:
+
+    {"window": 12, "layer": 3, "tokens": [[17, 4, 250], [4, 9, 17]], "weights": [[0.5, 0.3, 0.2], [0.6, 0.25, 0.15]]}
+
+- `window`: the verify window's number, counting up over the whole run (a decode step of 1 +
+  drafted tokens, or one prefill chunk). All lines of one window are consecutive; a line with a
+  different number starts the next window.
+- `layer`: the MoE layer index (0-based; layers without experts have no lines).
+- `tokens[i]`: the routed experts of the window's i-th token, best first (rank 0 = largest
+  weight), as many as the model routes per token; no expert twice in one token.
+- `weights[i]`: their routing weights in the same order, as the merge multiplies them
+  (written with 6 significant digits).
+`write_trace_record` writes one line; `read_trace` reads a file back, naming the line of any error.
+
+The simulator
+-------------
+Every routed pick (token, expert) is one lookup, a hit when the expert is resident; the hit rate
+is hits / lookups (the engine's `cache_hits` / `cache_lookups`). `capacity` is the number of
+expert slots, shared by all layers. Online policies see the engine's timing: the lookups of a
+(window, layer) line are answered from the cache as it was when the line began (the engine routes
+the whole window before any copy lands), and a change made for that line is visible from the next
+window on. So two tokens of one window that pick the same missing expert are two misses.
+
+- `hotness`: the rule of native/src/moe/expert_cache.h with the same constants (every pick adds 1
+  heat; a missing expert is admitted while a slot is free; every `interval` windows an adjustment
+  round pairs, within each layer, non-resident experts by heat descending with resident ones by
+  heat ascending, keeps pairs whose difference is >= 1.5, sorts all pairs by difference (ties: layer,
+  then incoming expert), swaps at most 96, then multiplies every heat by 0.7). Heat is float32
+  as in C, so thresholds and ties fall the same way.
+- `lru`: a missing expert is inserted, evicting the least recently picked one.
+- `lfu`: a missing expert is inserted, evicting the resident one with the fewest picks so far
+  (counts kept for every expert; ties: least recently picked, then lowest (layer, expert)).
+- `belady`: the clairvoyant optimum (Belady's MIN): pick by pick, a missing expert replaces the
+  resident one whose next pick is furthest away, or is not kept when its own next pick is later
+  still. It is answered pick by pick, which no online policy above can beat, so it bounds them all.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Sequence
+
+import numpy as np
+
+POLICIES = ("hotness", "lru", "lfu", "belady")
+
+# The hotness rule's constants: ec_default_params() in native/src/moe/expert_cache.c
+# (tests/test_cachesim.py checks that the two agree).
+HOT_MAX_SWAPS = 96
+HOT_MIN_DIFF = 1.5
+HOT_DECAY = 0.7
+# Windows between two adjustment rounds (the scheduler's setting; see `simulate`).
+HOT_INTERVAL = 8
+
+
+class TraceError(ValueError):
+    """A routing trace that cannot be read: the message names the file and line."""
+
+
+@dataclass
+class TraceRecord:
+    window: int
+    layer: int
+    tokens: list[list[int]]
+    weights: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    capacity: int
+    hits: int
+    lookups: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def to_json(self) -> dict:
+        """The DESIGN §9 `cache-sim --json` object."""
+        return {"policy": self.policy, "capacity": self.capacity, "hits": self.hits,
+                "lookups": self.lookups, "hit_rate": self.hit_rate}
+
+
+# ------------------------------------------------------------------ trace files
+
+def write_trace_record(f: IO[str], window: int, layer: int, experts, weights) -> None:
+    """Append one (window, layer) line to an open text file. experts: (n_tokens, k) integer ids,
+    best first; weights: (n_tokens, k) routing weights in the same order (lists or numpy arrays)."""
+    ex = np.asarray(experts)
+    wt = np.asarray(weights, dtype=np.float64)
+    if ex.ndim == 1:
+        ex, wt = ex[None, :], wt.reshape(1, -1)
+    if ex.ndim != 2 or wt.shape != ex.shape:
+        raise ValueError(f"routing trace: experts {ex.shape} and weights {wt.shape} must both be (n_tokens, k)")
+    if ex.size and not np.issubdtype(ex.dtype, np.integer):
+        raise ValueError(f"routing trace: expert ids must be integers, got {ex.dtype}")
+    rec = {"window": int(window), "layer": int(layer), "tokens": ex.astype(np.int64).tolist(),
+           "weights": [[float(f"{w:.6g}") for w in row] for row in wt.tolist()]}
+    f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def _bad(path, line: int, what: str) -> TraceError:
+    return TraceError(f"{path}:{line}: {what} (each line is one JSON object "
+                      '{"window": W, "layer": L, "tokens": [[expert, ...], ...], "weights": [[w, ...], ...]})')
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_trace(lines: Iterable[str], path: str = "<trace>") -> list[TraceRecord]:
+    records = []
+    for no, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _bad(path, no, f"not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise _bad(path, no, "not a JSON object")
+        for k in ("window", "layer", "tokens"):
+            if k not in obj:
+                raise _bad(path, no, f'missing "{k}"')
+        w, layer, toks = obj["window"], obj["layer"], obj["tokens"]
+        if not _is_int(w) or w < 0:
+            raise _bad(path, no, f'"window" must be a non-negative integer, got {w!r}')
+        if not _is_int(layer) or layer < 0:
+            raise _bad(path, no, f'"layer" must be a non-negative integer, got {layer!r}')
+        if not isinstance(toks, list) or not all(isinstance(t, list) for t in toks):
+            raise _bad(path, no, '"tokens" must be a list of lists of expert ids')
+        for i, t in enumerate(toks):
+            if not all(_is_int(e) and e >= 0 for e in t):
+                raise _bad(path, no, f"token {i}: expert ids must be non-negative integers, got {t!r}")
+            if len(set(t)) != len(t):
+                raise _bad(path, no, f"token {i}: an expert appears twice in {t!r}")
+        wts = obj.get("weights", [])
+        if "weights" in obj:
+            if (not isinstance(wts, list) or len(wts) != len(toks)
+                    or any(not isinstance(r, list) or len(r) != len(t) for r, t in zip(wts, toks))):
+                raise _bad(path, no, '"weights" must have the shape of "tokens"')
+        records.append(TraceRecord(w, layer, toks, wts))
+    return records
+
+
+def read_trace(path) -> list[TraceRecord]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = parse_trace(f, str(path))
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read the routing trace ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text file; a routing trace is JSON lines "
+                         "written by --trace-routing") from None
+    if not records:
+        raise TraceError(f"{path}: the routing trace has no records")
+    return records
+
+
+def trace_shape(records: Sequence[TraceRecord]) -> tuple[int, int]:
+    """(n_layer, n_expert) as large as the trace needs: largest ids + 1."""
+    n_layer = max(r.layer for r in records) + 1
+    n_expert = max((e for r in records for t in r.tokens for e in t), default=-1) + 1
+    return n_layer, max(n_expert, 1)
+
+
+def parse_capacity(text: str, n_layer: int, n_expert: int) -> int:
+    """'96' -> 96 slots; '25%' -> 25 % of all n_layer x n_expert experts (rounded down)."""
+    s = str(text).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*%", s)
+    if m:
+        pct = float(m.group(1))
+        if pct > 100:
+            raise ValueError(f"capacity {s}: a percentage is at most 100%")
+        return int(math.floor(pct / 100.0 * n_layer * n_expert + 1e-9))
+    if re.fullmatch(r"\d+", s):
+        return int(s)
+    raise ValueError(f"capacity {s!r}: give a number of expert slots (e.g. 96) or a share of all experts (e.g. 25%)")
+
+
+# ------------------------------------------------------------------ windows
+
+def windows(records: Sequence[TraceRecord]):
+    """Groups consecutive records with the same window number."""
+    group: list[TraceRecord] = []
+    for r in records:
+        if group and r.window != group[0].window:
+            yield group
+            group = []
+        group.append(r)
+    if group:
+        yield group
+
+
+def _first_appearance(tokens: list[list[int]]) -> list[int]:
+    seen: dict[int, None] = {}
+    for t in tokens:
+        for e in t:
+            seen.setdefault(e, None)
+    return list(seen)
+
+
+# ------------------------------------------------------------------ policies
+
+def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay):
+    heat = np.zeros((n_layer, n_expert), dtype=np.float32)
+    res = np.zeros((n_layer, n_expert), dtype=bool)
+    n_res = 0
+    hits = lookups = 0
+    one, f_min, f_decay = np.float32(1.0), np.float32(min_diff), np.float32(decay)
+    for wi, window in enumerate(windows(records), 1):
+        for r in window:
+            resident = res[r.layer]
+            picks = np.fromiter((e for t in r.tokens for e in t), dtype=np.int64)
+            lookups += picks.size
+            hits += int(resident[picks].sum())
+            np.add.at(heat[r.layer], picks, one)    # sequential float32 += 1, as in C
+            for e in _first_appearance(r.tokens):   # admit: free slots only
+                if n_res >= capacity:
+                    break
+                if not resident[e]:
+                    resident[e] = True
+                    n_res += 1
+        if wi % interval:
+            continue
+        pairs = []
+        ids = np.arange(n_expert)
+        for layer in range(n_layer):
+            h, rs = heat[layer], res[layer]
+            hot = ids[(~rs) & (h > 0)]
+            cold = ids[rs]
+            if not hot.size or not cold.size:
+                continue
+            hot = hot[np.lexsort((hot, -h[hot]))]        # heat descending, id ascending
+            cold = cold[np.lexsort((cold, h[cold]))]     # heat ascending, id ascending
+            n = min(hot.size, cold.size)
+            d = h[hot[:n]] - h[cold[:n]]                  # float32, non-increasing
+            keep = int(np.argmin(d >= f_min)) if not bool((d >= f_min).all()) else n
+            pairs += [(float(d[i]), layer, int(hot[i]), int(cold[i])) for i in range(keep)]
+        pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
+        for _, layer, e_in, e_out in pairs[:max_swaps]:
+            res[layer, e_out] = False
+            res[layer, e_in] = True
+        heat *= f_decay
+    return hits, lookups
+
+
+def _sim_lru(records, capacity):
+    cache: OrderedDict = OrderedDict()
+    hits = lookups = 0
+    for r in records:
+        for t in r.tokens:
+            for e in t:
+                lookups += 1
+                hits += (r.layer, e) in cache
+        for e in _first_appearance(r.tokens):
+            k = (r.layer, e)
+            if k in cache:
+                cache.move_to_end(k)
+            elif capacity > 0:
+                if len(cache) >= capacity:
+                    cache.popitem(last=False)
+                cache[k] = None
+    return hits, lookups
+
+
+def _sim_lfu(records, capacity):
+    count: dict = {}
+    last: dict = {}
+    cache: set = set()
+    heap: list = []    # (count, last, key), stale entries skipped
+    hits = lookups = 0
+    for step, r in enumerate(records):
+        for t in r.tokens:
+            for e in t:
+                lookups += 1
+                hits += (r.layer, e) in cache
+        for t in r.tokens:
+            for e in t:
+                k = (r.layer, e)
+                count[k] = count.get(k, 0) + 1
+                last[k] = step
+        for e in _first_appearance(r.tokens):
+            k = (r.layer, e)
+            if k in cache:
+                heapq.heappush(heap, (count[k], last[k], k))
+                continue
+            if capacity <= 0:
+                continue
+            while len(cache) >= capacity:
+                c, s, v = heapq.heappop(heap)
+                if v in cache and count[v] == c and last[v] == s:
+                    cache.discard(v)
+            cache.add(k)
+            heapq.heappush(heap, (count[k], last[k], k))
+    return hits, lookups
+
+
+def _sim_belady(records, capacity):
+    seq = [(r.layer, e) for r in records for t in r.tokens for e in t]
+    never = len(seq)
+    nxt = [never] * len(seq)
+    seen: dict = {}
+    for i in range(len(seq) - 1, -1, -1):
+        nxt[i] = seen.get(seq[i], never)
+        seen[seq[i]] = i
+    cache: dict = {}   # key -> its next pick
+    heap: list = []    # (-next pick, key), stale entries skipped
+    hits = 0
+    for i, k in enumerate(seq):
+        if k in cache:
+            hits += 1
+        elif capacity <= 0 or nxt[i] == never:
+            continue
+        elif len(cache) >= capacity:
+            while True:   # the resident picked furthest in the future
+                neg, v = heap[0]
+                if cache.get(v) == -neg:
+                    break
+                heapq.heappop(heap)
+            if -neg <= nxt[i]:
+                continue   # keeping what is there loses nothing
+            heapq.heappop(heap)
+            del cache[v]
+        cache[k] = nxt[i]
+        heapq.heappush(heap, (-nxt[i], k))
+        if nxt[i] == never:
+            del cache[k]
+    return hits, len(seq)
+
+
+def simulate(records: Sequence[TraceRecord], capacity: int, policy: str = "hotness", *,
+             interval: int = HOT_INTERVAL, n_layer: int | None = None, n_expert: int | None = None,
+             max_swaps: int = HOT_MAX_SWAPS, min_diff: float = HOT_MIN_DIFF,
+             decay: float = HOT_DECAY) -> SimResult:
+    """Replays a trace through one policy. capacity: expert slots over all layers. interval,
+    max_swaps, min_diff, decay: the hotness rule's settings (windows per adjustment round, swaps
+    per round, heat difference to swap, heat factor per round)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if capacity < 0:
+        raise ValueError(f"capacity {capacity}: give 0 or more expert slots")
+    if interval < 1:
+        raise ValueError(f"interval {interval}: an adjustment round needs at least 1 window")
+    if not min_diff > 0 or not 0 <= decay <= 1 or max_swaps < 0:
+        raise ValueError(f"hotness settings: min_diff {min_diff} must be > 0, decay {decay} in [0, 1], "
+                         f"max_swaps {max_swaps} >= 0")
+    if policy == "hotness":
+        need_l, need_e = trace_shape(records) if records else (1, 1)
+        n_layer = max(n_layer or 0, need_l)
+        n_expert = max(n_expert or 0, need_e)
+        hits, lookups = _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay)
+    elif policy == "lru":
+        hits, lookups = _sim_lru(records, capacity)
+    elif policy == "lfu":
+        hits, lookups = _sim_lfu(records, capacity)
+    else:
+        hits, lookups = _sim_belady(records, capacity)
+    return SimResult(policy, capacity, hits, lookups)

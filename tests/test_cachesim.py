@@ -1,0 +1,310 @@
+"""The routing-trace format and `strata cache-sim` (pyrunner/cachesim.py): each policy on constructed
+traces whose answers are worked out by hand, Belady at least as good as every online policy on random
+traces, the hotness policy against a plain re-statement of its rule, the rule's constants against the
+C cache's defaults, and the CLI."""
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pyrunner import cachesim
+from pyrunner.cachesim import TraceRecord, simulate
+from pyrunner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rec(window, layer, *tokens):
+    return TraceRecord(window, layer, [list(t) for t in tokens], [[1.0 / len(t)] * len(t) for t in tokens])
+
+
+def seq(layer_picks):
+    """One window per pick: [(layer, expert), ...] -> records of one token with one pick."""
+    return [rec(w, l, [e]) for w, (l, e) in enumerate(layer_picks)]
+
+
+def random_trace(seed, n_windows=120, n_layer=3, n_expert=24, k=4, max_tokens=3, drift=40):
+    """Skewed, drifting routing with windows of 1..max_tokens tokens, written and parsed back."""
+    rng = np.random.default_rng(seed)
+    f = io.StringIO()
+    perm = [rng.permutation(n_expert) for _ in range(n_layer)]
+    p = 1.0 / np.arange(1, n_expert + 1) ** 1.1
+    p /= p.sum()
+    for w in range(n_windows):
+        n_tok = int(rng.integers(1, max_tokens + 1))
+        for layer in range(n_layer):
+            if w % drift == 0:
+                perm[layer] = np.roll(perm[layer], int(rng.integers(1, n_expert)))
+            ex = np.stack([perm[layer][rng.choice(n_expert, size=k, replace=False, p=p)] for _ in range(n_tok)])
+            wt = rng.random((n_tok, k))
+            cachesim.write_trace_record(f, w, layer, ex, -np.sort(-wt / wt.sum(1, keepdims=True), axis=1))
+    return cachesim.parse_trace(f.getvalue().splitlines())
+
+
+# ------------------------------------------------------------------ format
+
+def test_trace_round_trip_and_format(tmp_path):
+    p = tmp_path / "t.jsonl"
+    with open(p, "w") as f:
+        cachesim.write_trace_record(f, 0, 2, np.array([[5, 1, 7], [1, 9, 2]]), np.array([[0.5, 0.3, 0.2], [0.4, 0.35, 0.25]]))
+        cachesim.write_trace_record(f, 1, 2, [3, 4], [0.123456789, 0.876543211])   # one token, as a flat list
+    lines = p.read_text().splitlines()
+    assert json.loads(lines[0]) == {"window": 0, "layer": 2, "tokens": [[5, 1, 7], [1, 9, 2]],
+                                    "weights": [[0.5, 0.3, 0.2], [0.4, 0.35, 0.25]]}
+    assert json.loads(lines[1])["weights"] == [[0.123457, 0.876543]]
+    recs = cachesim.read_trace(p)
+    assert [(r.window, r.layer, r.tokens) for r in recs] == [(0, 2, [[5, 1, 7], [1, 9, 2]]), (1, 2, [[3, 4]])]
+    assert cachesim.trace_shape(recs) == (3, 10)
+    with pytest.raises(ValueError, match="experts"):
+        cachesim.write_trace_record(io.StringIO(), 0, 0, [[1, 2]], [[0.5]])
+
+
+@pytest.mark.parametrize("line, what", [
+    ("not json", "not JSON"),
+    ('{"window": 0, "layer": 1}', 'missing "tokens"'),
+    ('{"window": -1, "layer": 0, "tokens": [[1]]}', '"window"'),
+    ('{"window": 0, "layer": 0, "tokens": [[1, 1]]}', "appears twice"),
+    ('{"window": 0, "layer": 0, "tokens": [[1, -2]]}', "non-negative"),
+    ('{"window": 0, "layer": 0, "tokens": [[1, 2]], "weights": [[0.5]]}', "shape"),
+])
+def test_bad_trace_lines_are_named(tmp_path, line, what):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"window": 0, "layer": 0, "tokens": [[1, 2]], "weights": [[0.6, 0.4]]}\n\n' + line + "\n")
+    with pytest.raises(cachesim.TraceError) as e:
+        cachesim.read_trace(p)
+    assert f"{p}:3:" in str(e.value) and what in str(e.value)
+
+
+def test_capacity_parsing():
+    assert cachesim.parse_capacity("96", 4, 64) == 96
+    assert cachesim.parse_capacity("25%", 4, 64) == 64
+    assert cachesim.parse_capacity("12.5 %", 2, 10) == 2
+    for bad in ("-3", "lots", "150%"):
+        with pytest.raises(ValueError):
+            cachesim.parse_capacity(bad, 4, 64)
+
+
+def test_constants_match_the_c_cache():
+    src = (ROOT / "native" / "src" / "moe" / "expert_cache.c").read_text()
+    body = src[src.index("ec_params ec_default_params(void)"):]
+    body = body[:body.index("return p;")]
+    assert re.search(r"max_swaps\s*=\s*(\d+);", body).group(1) == str(cachesim.HOT_MAX_SWAPS)
+    assert float(re.search(r"min_diff\s*=\s*([\d.]+)f;", body).group(1)) == cachesim.HOT_MIN_DIFF
+    assert float(re.search(r"decay\s*=\s*([\d.]+)f;", body).group(1)) == cachesim.HOT_DECAY
+
+
+# ------------------------------------------------------------------ constructed traces
+
+ABACBA = seq([(0, "A"), (0, "B"), (0, "A"), (0, "C"), (0, "B"), (0, "A")])
+for r in ABACBA:   # letters -> ids
+    r.tokens = [[{"A": 0, "B": 1, "C": 2}[e] for e in t] for t in r.tokens]
+
+
+def test_lru_known_answer():
+    # capacity 2: A- B- A+ C-(out B) B-(out A) A-(out C)
+    assert simulate(ABACBA, 2, "lru").hits == 1
+    # capacity 3 holds all: only the three first picks miss
+    assert simulate(ABACBA, 3, "lru").hits == 3
+    assert simulate(ABACBA, 0, "lru").hits == 0
+
+
+def test_lfu_known_answer():
+    # capacity 2: A- B- A+(A:2) C-(out B, count 1) B-(out C: count 1 < A's 2) A+  -> 2
+    assert simulate(ABACBA, 2, "lfu").hits == 2
+
+
+def test_belady_known_answer():
+    # capacity 2: A- B- A+ C-(not kept: used never again) B+ A+  -> 3
+    assert simulate(ABACBA, 2, "belady").hits == 3
+    # capacity 1: A- B-(not kept: A comes back first) A+ C-(not kept) B-(not kept) A+  -> 2
+    assert simulate(ABACBA, 1, "belady").hits == 2
+    assert simulate(ABACBA, 0, "belady").hits == 0
+
+
+def test_one_window_sees_the_cache_as_it_began():
+    # Two tokens of one window pick the missing expert 5: both miss; the next window hits twice.
+    trace = [rec(0, 0, [5, 1], [5, 2]), rec(1, 0, [5, 3], [5, 4])]
+    for policy in ("hotness", "lru", "lfu"):
+        r = simulate(trace, 3, policy)
+        assert (r.hits, r.lookups) == (2, 8), policy
+    # Belady answers pick by pick: 5 is kept after its first pick and hits three times.
+    assert simulate(trace, 3, "belady").hits == 3
+    # Layers are different experts: expert 5 of layer 1 is not expert 5 of layer 0.
+    assert simulate([rec(0, 0, [5]), rec(1, 1, [5])], 4, "lru").hits == 0
+
+
+def test_hotness_known_answer():
+    # capacity 1, a round after every window: A is admitted (free slot); B needs heat 1 + 0.7·…:
+    # round after w1: B 1.0 vs A 0.7 -> 0.3;  after w2: B 1.7 vs A 0.49 -> 1.21;
+    # after w3: B 2.19 vs A 0.343 -> 1.847 >= 1.5: swap; w4 hits.
+    trace = seq([(0, 0), (0, 1), (0, 1), (0, 1), (0, 1)])
+    assert simulate(trace, 1, "hotness", interval=1).hits == 1
+    assert simulate(trace, 1, "lru").hits == 3
+    # With min_diff 1.0 the swap comes one round earlier (after w2: 1.21 >= 1.0).
+    assert simulate(trace, 1, "hotness", interval=1, min_diff=1.0).hits == 2
+    # Rounds every 2 windows: the same rule, checked against the plain re-statement below.
+    assert simulate(trace, 1, "hotness", interval=2).hits == brute_hotness(trace, 1, interval=2)
+
+
+def test_hotness_cap_and_order():
+    # Two layers, expert 0 resident in each (heat 1); outsiders: layer 0 expert 1 picked 4 times,
+    # layer 1 expert 1 picked 3 times; one round after window 4: differences 3 and 2, both >= 1.5.
+    # max_swaps 1 swaps only the larger difference; window 5 probes both.
+    fill = [rec(0, 0, [0]), rec(0, 1, [0])]
+    heat = [rec(w, layer, [1]) for w in (1, 2, 3) for layer in (0, 1)] + [rec(4, 0, [1])]
+    probe = [rec(5, 0, [1]), rec(5, 1, [1])]
+    trace = fill + heat + probe
+    kw = dict(interval=5)
+    # No hit before the probe (expert 0 is never picked again, expert 1 only comes in by a swap).
+    assert simulate(trace, 2, "hotness", max_swaps=1, **kw).hits == 1
+    assert simulate(trace, 2, "hotness", max_swaps=2, **kw).hits == 2
+    assert simulate(trace, 2, "hotness", max_swaps=0, **kw).hits == 0
+    # Pairs stay within their layer: a hot layer-1 expert does not evict layer 0's resident.
+    trace = [rec(0, 0, [0])] + [rec(w, 1, [3]) for w in range(1, 6)] + [rec(6, 1, [3]), rec(7, 0, [0])]
+    assert simulate(trace, 1, "hotness", interval=1).hits == 1
+
+
+# ------------------------------------------------------------------ random traces
+
+def brute_hotness(records, capacity, interval=cachesim.HOT_INTERVAL, max_swaps=cachesim.HOT_MAX_SWAPS,
+                  min_diff=cachesim.HOT_MIN_DIFF, decay=cachesim.HOT_DECAY):
+    """The rule as stated in DESIGN §4, in plain loops over dicts, float32 like the C table."""
+    f32 = np.float32
+    heat: dict = {}
+    resident: set = set()
+    hits = lookups = 0
+    n_windows = 0
+
+    def adjust():
+        pairs = []
+        for layer in sorted({k[0] for k in heat} | {k[0] for k in resident}):
+            outside = [e for (l, e), h in heat.items() if l == layer and (l, e) not in resident and h > 0]
+            inside = [e for (l, e) in resident if l == layer]
+            outside.sort(key=lambda e: (-heat[(layer, e)], e))
+            inside.sort(key=lambda e: (heat.get((layer, e), f32(0)), e))
+            for a, b in zip(outside, inside):
+                d = f32(heat[(layer, a)] - heat.get((layer, b), f32(0)))
+                if not d >= f32(min_diff):
+                    break
+                pairs.append((d, layer, a, b))
+        pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
+        for _, layer, a, b in pairs[:max_swaps]:
+            resident.remove((layer, b))
+            resident.add((layer, a))
+        for k in heat:
+            heat[k] = f32(heat[k] * f32(decay))
+
+    i = 0
+    while i < len(records):
+        w = records[i].window
+        while i < len(records) and records[i].window == w:
+            r = records[i]
+            start = set(resident)
+            for t in r.tokens:
+                for e in t:
+                    lookups += 1
+                    hits += (r.layer, e) in start
+                    heat[(r.layer, e)] = f32(heat.get((r.layer, e), f32(0)) + f32(1))
+            for t in r.tokens:
+                for e in t:
+                    if len(resident) < capacity and (r.layer, e) not in resident:
+                        resident.add((r.layer, e))
+            i += 1
+        n_windows += 1
+        if n_windows % interval == 0:
+            adjust()
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hotness_matches_the_rule(seed):
+    trace = random_trace(seed, n_windows=80)
+    n_keys = 3 * 24
+    for capacity, interval, max_swaps in [(n_keys // 4, 1, 96), (n_keys // 2, 4, 3), (n_keys // 3, 2, 1), (5, 3, 96)]:
+        got = simulate(trace, capacity, "hotness", interval=interval, max_swaps=max_swaps)
+        assert got.hits == brute_hotness(trace, capacity, interval=interval, max_swaps=max_swaps), \
+            (capacity, interval, max_swaps)
+        assert got.lookups == sum(len(t) for r in trace for t in r.tokens)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_belady_bounds_every_policy(seed):
+    trace = random_trace(100 + seed, n_windows=100)
+    n_keys = 3 * 24
+    for capacity in (0, 1, n_keys // 4, n_keys // 2, n_keys * 3 // 4, n_keys):
+        res = {p: simulate(trace, capacity, p, interval=1 + seed % 4) for p in cachesim.POLICIES}
+        best = res["belady"].hits
+        for p, r in res.items():
+            assert 0 <= r.hits <= best <= r.lookups, (capacity, p, r.hits, best)
+        if capacity == 0:
+            assert best == 0
+    # With room for every expert, only each expert's first pick misses.
+    firsts = len({(r.layer, e) for r in trace for t in r.tokens for e in t})
+    r = simulate(trace, n_keys, "belady")
+    assert r.hits == r.lookups - firsts
+
+
+def test_policies_differ_on_a_drifting_trace():
+    # Not a fixed ranking, only that the policies are really different code paths.
+    trace = random_trace(7, n_windows=150)
+    hits = {p: simulate(trace, 18, p).hits for p in cachesim.POLICIES}
+    assert len(set(hits.values())) >= 3, hits
+
+
+def test_simulate_rejects_bad_settings():
+    with pytest.raises(ValueError, match="policy"):
+        simulate(ABACBA, 2, "fifo")
+    with pytest.raises(ValueError, match="interval"):
+        simulate(ABACBA, 2, "hotness", interval=0)
+    with pytest.raises(ValueError, match="capacity"):
+        simulate(ABACBA, -1, "lru")
+
+
+# ------------------------------------------------------------------ CLI
+
+def test_cli_json_and_text(tmp_path):
+    trace = random_trace(3, n_windows=60)
+    p = tmp_path / "trace.jsonl"
+    with open(p, "w") as f:
+        for r in trace:
+            cachesim.write_trace_record(f, r.window, r.layer, r.tokens, r.weights)
+    runner = CliRunner()
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "25%", "--policy", "belady", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    assert set(d) == {"policy", "capacity", "hits", "lookups", "hit_rate"}
+    want = simulate(trace, 18, "belady")
+    assert d == {"policy": "belady", "capacity": 18, "hits": want.hits, "lookups": want.lookups,
+                 "hit_rate": pytest.approx(want.hit_rate)}
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "10", "--interval", "2"])
+    assert out.exit_code == 0, out.output
+    want = simulate(trace, 10, "hotness", interval=2)
+    assert out.output.startswith(f"hotness: {want.hits}/{want.lookups} hits")
+    # --experts widens the table a percentage refers to.
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "50%", "--experts", "48", "--json"])
+    assert json.loads(out.output)["capacity"] == 3 * 48 // 2
+
+
+def test_cli_errors(tmp_path):
+    p = tmp_path / "trace.jsonl"
+    p.write_text('{"window": 0, "layer": 0, "tokens": [[1, 2]]}\n{"window": 1}\n')
+    runner = CliRunner()
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "4"])
+    assert out.exit_code != 0 and f"{p}:2:" in out.output and 'missing "layer"' in out.output
+    p.write_text('{"window": 0, "layer": 0, "tokens": [[1, 2]]}\n')
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "many"])
+    assert out.exit_code != 0 and "number of expert slots" in out.output
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "4", "--experts", "2"])
+    assert out.exit_code != 0 and "expert id 2" in out.output
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "4", "--interval", "0"])
+    assert out.exit_code != 0 and "interval" in out.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = runner.invoke(main, ["cache-sim", str(empty), "--capacity", "4"])
+    assert out.exit_code != 0 and "no records" in out.output

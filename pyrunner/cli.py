@@ -73,14 +73,16 @@ def inspect(file, as_json):
               help="Type of the matmul weights (norms, routers, 1-D tensors stay F32).")
 @click.option("--tokenizer-pre", default=None,
               help="llama.cpp pre-tokenizer name, when it cannot be recognised from tokenizer.json.")
+@click.option("--ple-external", type=click.Path(exists=True), default=None,
+              help="A `strata pack-ple` output of this checkpoint: the GGUF names it instead of holding the PLE table.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not list the tensors as they are written.")
-def convert(hf_dir, out, outtype, tokenizer_pre, quiet):
+def convert(hf_dir, out, outtype, tokenizer_pre, ple_external, quiet):
     """Convert a transformers qwen4_exp checkpoint (safetensors) to a qwen4exp GGUF."""
     from .convert import ConvertError
     from .convert import convert as run
 
     try:
-        res = run(hf_dir, out, outtype, tokenizer_pre, log=None if quiet else click.echo)
+        res = run(hf_dir, out, outtype, tokenizer_pre, log=None if quiet else click.echo, ple_external=ple_external)
     except (ConvertError, OSError) as e:
         raise _fail(e) from None
     shares = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sorted(res["types"].items(), key=lambda r: -r[1]))
@@ -110,6 +112,24 @@ def quantize(src, dst, recipe, imatrix, threads, nvfp4_scale, quiet):
         raise _fail(e) from None
     if quiet:
         click.echo(format_shares(res))
+
+
+@main.command("pack-ple")
+@click.argument("checkpoint_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for ple_nvfp4.bin and its .json sidecar.")
+@click.option("-q", "--quiet", is_flag=True, help="Do not list the shards as they are packed.")
+def pack_ple(checkpoint_dir, out_dir, quiet):
+    """Pack a ModelOpt NVFP4 checkpoint's PLE table into one file of fixed rows (DESIGN §6); then
+    `strata convert CHECKPOINT_DIR -o M.gguf --ple-external OUT_DIR`."""
+    from .ple import PleError, pack_ple as run
+
+    try:
+        res = run(checkpoint_dir, out_dir, log=None if quiet else click.echo)
+    except (PleError, OSError) as e:
+        raise _fail(e) from None
+    click.echo(f"wrote {res['path']}: {res['total_rows']} rows x {res['row_width']} bytes "
+               f"({res['file_bytes'] / 2**20:.2f} MiB) from {res['num_shards']} shards; source {res['source']}")
 
 
 @main.group()

@@ -982,10 +982,37 @@ def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> N
 
 # ---------------------------------------------------------------------------------------------- entry point
 
+def _ple_external(ck: Checkpoint, plan: "_Plan", hf_dir: str, out_path: str, packed: str) -> tuple[str, int, str]:
+    """--ple-external: checks the packed table against the checkpoint, drops the table tensor from the plan and
+    returns (table path relative to the GGUF, rows, source identity)."""
+    from . import ple
+
+    if plan.ple is None:
+        raise ConvertError("--ple-external: the checkpoint has no PLE layer, so there is no table to keep outside")
+    try:
+        table, meta = ple.read_sidecar(packed)
+        _, names = ple.find_shards(ck)
+        src = ple.source_identity(ck, names, hf_dir)
+    except ple.PleError as e:
+        raise ConvertError(f"--ple-external: {e}") from None
+    t = next(t for t in plan.tensors if t.name == "per_layer_token_embd.weight")
+    rows, dim = t.shape
+    if meta["source"] != src or meta["total_rows"] != rows or meta["row_dim"] != dim:
+        raise ConvertError(f"--ple-external: {table} was packed from {meta['source']!r} ({meta['total_rows']} rows of "
+                           f"{meta['row_dim']}), not from this checkpoint ({src!r}, {rows} rows of {dim}); run "
+                           f"`strata pack-ple {hf_dir} -o DIR` first")
+    plan.tensors = [x for x in plan.tensors if x is not t]
+    rel = os.path.relpath(os.path.abspath(table), os.path.dirname(os.path.abspath(out_path)))
+    return rel, int(rows), src
+
+
 def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str | None = None,
-            log: Callable[[str], None] | None = None) -> dict:
+            log: Callable[[str], None] | None = None, ple_external: str | None = None) -> dict:
     """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes},
-    "nvfp4_dequantized": {gguf name: why} (ModelOpt NVFP4 sources that could not stay NVFP4)}."""
+    "nvfp4_dequantized": {gguf name: why} (ModelOpt NVFP4 sources that could not stay NVFP4)}.
+    ple_external: a `strata pack-ple` output (directory or table file) made from this checkpoint: the GGUF
+    then holds no per_layer_token_embd.weight and names the packed table in strata.ple_external (a path
+    relative to the GGUF), with strata.ple_external.rows / .source to identify it (pyrunner/ple.py)."""
     import gguf
 
     from .gguf import writing as gguf_writing
@@ -1002,6 +1029,7 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
     ck = Checkpoint(hf_dir)
     plan = _Plan(ck, cfg, modelopt)
     plan.build()
+    ext = _ple_external(ck, plan, hf_dir, out_path, ple_external) if ple_external is not None else None
     tk = read_tokenizer(hf_dir, cfg["vocab_size"], tokenizer_pre)
 
     tensors: list[OutTensor] = []
@@ -1016,6 +1044,10 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
     # GGUFWriter's constructor already added general.architecture; _metadata adds the rest
     with gguf_writing(out_path, ARCH) as w:
         _metadata(w, cfg, plan, tk, "nvfp4" if n_nv else outtype, os.path.basename(os.path.normpath(hf_dir)))
+        if ext is not None:
+            w.add_string("strata.ple_external", ext[0])
+            w.add_uint64("strata.ple_external.rows", ext[1])
+            w.add_string("strata.ple_external.source", ext[2])
         for t in plan.tensors:
             raw = getattr(gguf.GGMLQuantizationType, t.qtype)
             w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=raw)

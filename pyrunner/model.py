@@ -35,6 +35,16 @@ def _env_float(name: str):
         raise ValueError(f"{name}={v!r} is not a number") from None
 
 
+PLE_MODES = {"auto": lib.STRATA_PLE_AUTO, "mmap": lib.STRATA_PLE_MMAP, "direct": lib.STRATA_PLE_DIRECT}
+
+
+def _ple_mode(name: str) -> int:
+    try:
+        return PLE_MODES[name]
+    except KeyError:
+        raise ValueError(f"ple_mode {name!r}: choose one of {', '.join(PLE_MODES)}") from None
+
+
 def _kv_type(name: str) -> int:
     try:
         return KV_TYPES[name]
@@ -82,6 +92,7 @@ class Model:
         p.n_threads = int(threads or 0)
         p.n_ctx = int(n_ctx)
         p.kv_type = _kv_type(kv_type)
+        p.ple_mode = _ple_mode(ple_mode)
         p.n_ubatch = min(512, self.prefill_chunk)
         p.device = DEVICES[device]
         p.cache_bytes = int((cache_gib or 0) * (1 << 30))
@@ -215,6 +226,13 @@ class Session:
 
     def reset(self) -> None:
         lib.strata_session_reset(self._live())
+
+    def stats(self) -> dict:
+        """PLE counters since the session was created (DESIGN §9 keys ple_rows, ple_read_bytes,
+        ple_major_faults, ple_wait_s for prefill + decode, then the same and more per phase as
+        ple_prefill_* / ple_decode_*; a one-token step is decode). See pyrunner.ple."""
+        from . import ple
+        return ple.session_stats(self)
 
     def eval(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Runs token_ids after the tokens already seen. Returns the last position's logits

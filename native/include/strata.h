@@ -308,6 +308,7 @@ typedef struct strata_model_params {
                             every token ranks >= K (0-based) when not resident */
     int32_t n_staging;   /* device staging slots for missing experts; default 4 */
     int32_t adjust_interval; /* windows between expert-cache adjustment rounds; default 32 */
+    int32_t ple_mode;    /* strata_ple_mode: how the PLE table is read; default STRATA_PLE_AUTO */
 } strata_model_params;
 
 typedef enum strata_device {
@@ -389,6 +390,52 @@ int64_t strata_session_n_past(const strata_session *s);
  * state is undefined: reset it. */
 strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids,
                                   int32_t all_logits, float *logits, uint64_t logits_capacity);
+
+/* ---------------------------------------------------------------- PLE table (DESIGN §6) */
+/* The n-gram table is read in place from the GGUF or from a packed NVFP4 file (strata pack-ple;
+ * the GGUF names it in strata.ple_external). A worker thread gathers the rows of each step. */
+typedef enum strata_ple_mode {
+    STRATA_PLE_AUTO = 0,     /* a short read probe at load picks mmap or direct */
+    STRATA_PLE_MMAP = 1,     /* rows copied from the read-only mapping (MADV_RANDOM) */
+    STRATA_PLE_DIRECT = 2    /* pread of exactly the needed rows */
+} strata_ple_mode;
+
+typedef struct strata_ple_info {
+    int32_t present;         /* 0: the model has no PLE (nothing else is set) */
+    int32_t mode;            /* the mode in force: STRATA_PLE_MMAP or STRATA_PLE_DIRECT */
+    int32_t external;        /* 1: a packed NVFP4 file; 0: the GGUF tensor in place */
+    int32_t madv_random;     /* MADV_RANDOM is in force on the table's pages */
+    int32_t prefetch;        /* WILLNEED prefetch before multi-token gathers (STRATA_PLE_PREFETCH=0: off) */
+    int64_t n_rows;
+    uint64_t row_bytes;
+    uint64_t table_bytes;
+    char path[1024];         /* the file the rows are read from ("" when the table is only in memory) */
+    char why[256];           /* one line for the start-up log: the mode and why it was chosen */
+} strata_ple_info;
+strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out);
+/* Pages of the table resident in the page cache (mincore) and its page count; 0/0 without PLE. */
+strata_status strata_model_ple_resident(const strata_model *m, uint64_t *resident_pages,
+                                        uint64_t *total_pages);
+
+/* Counters since the session was created (reset() does not clear them). A step of one token
+ * counts as decode, a longer one as prefill. */
+typedef struct strata_ple_stats {
+    uint64_t steps;          /* forward steps that read the table */
+    uint64_t tokens;
+    uint64_t rows;           /* rows gathered (tokens x hash heads) */
+    uint64_t read_bytes;     /* storage reads of the gather worker (/proc/thread-self/io read_bytes) */
+    uint64_t major_faults;   /* page faults of the gather worker (getrusage RUSAGE_THREAD) */
+    uint64_t minor_faults;
+    uint64_t prefetch_pages; /* distinct pages announced with WILLNEED */
+    double hash_s;           /* worker: n-gram ids */
+    double prefetch_s;       /* worker: WILLNEED calls */
+    double gather_s;         /* worker: copying / reading the packed rows */
+    double copy_s;           /* packed rows to a device; 0 on the cpu device (it reads the buffer) */
+    double wait_s;           /* model thread waiting for the worker's done sequence number */
+    double dequant_s;        /* model thread: dequantizing the gathered rows (cpu device) */
+} strata_ple_stats;
+strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats *prefill,
+                                       strata_ple_stats *decode);
 
 /* The model's tokenizer, built from its tokenizer.ggml.* metadata (free it with
  * strata_tokenizer_free; it does not depend on m afterwards). Text given to it must already be

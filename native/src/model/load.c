@@ -242,6 +242,7 @@ void mdl_model_release(strata_model *m) {
     free(m->out_hc_norm);
     mat_free(&m->out_hc_down);
     mat_free(&m->out_hc_up);
+    mdl_ple_close(m);
 }
 
 /* ---------------------------------------------------------------- hyperparameters */
@@ -485,27 +486,7 @@ static strata_status load_all(strata_model *m) {
     if (tensor(m, "output.weight", &t)) TRY(mat(&ld, "output.weight", -1, h->n_embd, h->n_vocab, 1, &m->output));
     else TRY(mat(&ld, "token_embd.weight", -1, h->n_embd, h->n_vocab, 1, &m->output));  /* tied */
     TRY(load_hc(&ld, "", -1, &m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL));
-    if (h->ple_layer >= 0) {
-        if (!tensor(m, "per_layer_token_embd.weight", &t))
-            return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: PLE is on but tensor per_layer_token_embd.weight is missing");
-        const strata_qtraits *q = strata_qtraits_get(t.type);
-        if (!q || !q->dequant[0] || t.ne[0] != h->ple_row_dim || h->ple_row_dim % q->block_size || t.ne[2] != 1)
-            return strata_fail(STRATA_ERR_FORMAT, "tensor per_layer_token_embd.weight: rows of %lld values of type %d do not match embedding_length_per_layer_input %d",
-                               (long long)t.ne[0], t.type, h->ple_row_dim);
-        m->ple_table = t.data;
-        m->ple_table_t = q;
-        m->ple_table_row = (size_t)(h->ple_row_dim / q->block_size) * (size_t)q->type_size;
-        m->ple_table_rows = t.ne[1];
-        if (t.size != m->ple_table_row * (uint64_t)t.ne[1])
-            return strata_fail(STRATA_ERR_FORMAT, "tensor per_layer_token_embd.weight: data size does not match its shape");
-        const int nh = (h->ple_n - 1) * h->ple_heads_per;
-        for (int i = 0; i < nh; i++)
-            if (h->ple_off[i] + h->ple_size[i] > (uint64_t)m->ple_table_rows)
-                return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: PLE head %d reaches row %llu but the table has %lld rows", i,
-                                   (unsigned long long)(h->ple_off[i] + h->ple_size[i]), (long long)m->ple_table_rows);
-        if (h->ple_eos < 0 || h->ple_eos >= h->n_vocab)
-            return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: ple.eos_token_id %lld is not a token id", (long long)h->ple_eos);
-    }
+    if (h->ple_layer >= 0) TRY(mdl_ple_bind(m));   /* ple.c: table, access mode, worker */
     for (int il = 0; il < h->n_layer; il++) TRY(load_layer(&ld, il, is_qsa[il], ratio[il]));
     return STRATA_OK;
 }

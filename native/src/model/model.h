@@ -132,6 +132,7 @@ struct strata_model {
     const strata_qtraits *ple_table_t;
     size_t ple_table_row;
     int64_t ple_table_rows;
+    struct mdl_ple_engine *ple;  /* table access + gather worker (ple.c); NULL without PLE */
     mdl_layer layers[MDL_MAX_LAYERS];
     uint64_t weight_bytes;
     struct mdl_offload *off;   /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
@@ -159,6 +160,7 @@ struct strata_session {
     mdl_layer_state ls[MDL_MAX_LAYERS];
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
+    strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
     /* scratch, sized for cap = n_ubatch tokens; blocks allocate their own temporaries */
     int64_t cap;
     float *X;                  /* cap x hc*E residual streams */
@@ -196,6 +198,13 @@ strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, floa
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
 /* Adds PLE(X) to X for tokens ids[0..L). */
 strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
+/* Optional: hands the step's n-gram gather to the PLE worker early (call it before layer 0 so
+ * the gather overlaps it); mdl_ple submits itself when this was not called. */
+strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L);
+/* ple.c, called by load.c: binds the table (GGUF tensor or strata.ple_external packed file),
+ * opens the access layer and starts the worker; closes them. */
+strata_status mdl_ple_bind(strata_model *m);
+void mdl_ple_close(strata_model *m);
 
 /* model.c: a model over an open GGUF, which it owns from here on (closed on failure too). */
 strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, strata_model **out);

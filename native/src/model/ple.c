@@ -1,67 +1,339 @@
 /*
  * ple.c — the per-layer hashed n-gram embedding (spec §6), applied to the residual streams at
- * the start of its layer.
+ * the start of its layer, and the binding of its table (DESIGN §6).
  *
  * Ids: the history is the session's last n-1 ids (eos0 at sequence start) followed by the new
  * ids. For shift s ≥ 1 a token reads its s-th predecessor unless an eos0 lies at or after it
  * (walking back from the token), in which case it reads eos0. Order m (2..n) hashes
  * XOR_{s<m} shifted_s · mult_s (uint64; products stay below 2^63), head h of order m takes
- * row (hash mod size_h) + offset_h of the table, which is read in place from the mapping.
+ * row (hash mod size_h) + offset_h of the table.
  * Then: key = G(W_key emb), val = W_val emb, qry = G(X), per stream s = key·qry / sqrt(E),
  * g = sign(s) sqrt(max(|s|, 1e-6)), gv = σ(g) val; gvn = G(gv); conv = silu(dilated causal
  * depthwise conv of gvn, Kp taps n apart, history from the session); X += gv + conv.
+ *
+ * The table: per_layer_token_embd.weight in place (any row type), or, when the GGUF has the key
+ * strata.ple_external, a packed NVFP4 file from `strata pack-ple` (90-byte rows for 160 values)
+ * whose JSON sidecar (<file>.json) is checked against the file and the model first. The hashing
+ * and the gather run on the PLE worker (ple/ple.h: access modes, prefetch, the sequence-number
+ * handshake); only packed rows come back, and the cpu device dequantizes them here, on the model
+ * thread, with the same row functions as before, so the numbers do not depend on the mode.
  */
 #include "model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ple/ple.h"
 #include "util/error.h"
+
+struct mdl_ple_engine {
+    ple_table table;
+    ple_hash hash;
+    ple_worker worker;
+    int external;               /* packed NVFP4 rows; else rows of m->ple_table_t */
+    float *gscale;              /* packed NVFP4: weight_scale_2 of each shard */
+    int64_t n_shard, shard_rows;/* rows of every shard but the last (which may be shorter) */
+};
+
+/* ---------------------------------------------------------------- binding */
+
+static strata_status read_file_text(const char *path, char **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_fail(STRATA_ERR_IO, "PLE table sidecar %s cannot be opened; it is written next to the table by "
+                               "`strata pack-ple`", path);
+    const size_t cap = 16u << 20;                      /* a sidecar of 16 MiB holds a million shards */
+    char *buf = malloc(cap);
+    size_t n = buf ? fread(buf, 1, cap - 1, f) : 0;
+    fclose(f);
+    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory");
+    buf[n] = 0;
+    *out = buf;
+    return STRATA_OK;
+}
+
+static int gguf_str(const strata_gguf *g, const char *key, char *out, size_t n) {
+    int64_t i;
+    const char *k;
+    uint64_t kl;
+    strata_gguf_value v;
+    if (strata_gguf_find_kv(g, key, &i) || strata_gguf_kv(g, i, &k, &kl, &v) || v.type != STRATA_GGUF_STRING) return 0;
+    if (v.count + 1 > n) return 0;
+    memcpy(out, v.data, v.count);
+    out[v.count] = 0;
+    return 1;
+}
+
+static int gguf_u64(const strata_gguf *g, const char *key, uint64_t *out) {
+    int64_t i;
+    const char *k;
+    uint64_t kl;
+    strata_gguf_value v;
+    if (strata_gguf_find_kv(g, key, &i) || strata_gguf_kv(g, i, &k, &kl, &v)) return 0;
+    if (v.type == STRATA_GGUF_UINT64 || v.type == STRATA_GGUF_INT64) { memcpy(out, v.data, 8); return 1; }
+    if (v.type == STRATA_GGUF_UINT32 || v.type == STRATA_GGUF_INT32) { uint32_t x; memcpy(&x, v.data, 4); *out = x; return 1; }
+    return 0;
+}
+
+/* The packed NVFP4 table named by strata.ple_external (relative paths: next to the GGUF). */
+static strata_status bind_external(strata_model *m, struct mdl_ple_engine *e, const char *name) {
+    const mdl_hparams *h = &m->hp;
+    char path[1024], gpath[1024], side[1100];
+    uint64_t off;
+    if (name[0] == '/') {
+        snprintf(path, sizeof path, "%s", name);
+    } else {
+        if (!ple_backing_file(m->tok_embd, gpath, sizeof gpath, &off))
+            return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: strata.ple_external names %s relative to the GGUF, "
+                               "but this GGUF is not read from a file", name);
+        char *slash = strrchr(gpath, '/');
+        if (slash) slash[1] = 0;
+        if (snprintf(path, sizeof path, "%s%s", gpath, name) >= (int)sizeof path)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "PLE table path too long: %s%s", gpath, name);
+    }
+    snprintf(side, sizeof side, "%s.json", path);
+    char *js = NULL;
+    strata_status rc = read_file_text(side, &js);
+    if (rc) return rc;
+    char fmt[64] = "", src[256] = "", gsrc[256] = "";
+    double rows = -1, width = -1, dim = -1, cw = -1, sw = -1, nshard = -1, rps = -1;
+    ple_json_string(js, "format", fmt, sizeof fmt);
+    ple_json_string(js, "source", src, sizeof src);
+    ple_json_number(js, "total_rows", &rows);
+    ple_json_number(js, "row_width", &width);
+    ple_json_number(js, "row_dim", &dim);
+    ple_json_number(js, "code_bytes", &cw);
+    ple_json_number(js, "scale_bytes", &sw);
+    ple_json_number(js, "num_shards", &nshard);
+    ple_json_number(js, "rows_per_shard", &rps);
+    int64_t ngs = -1;
+    if (nshard >= 1 && nshard <= 1e6 && (e->gscale = malloc((size_t)nshard * sizeof(float)))) {
+        double *g = malloc((size_t)nshard * sizeof(double));
+        if (g && (ngs = ple_json_numbers(js, "global_scales", g, (int64_t)nshard)) == (int64_t)nshard)
+            for (int64_t i = 0; i < ngs; i++) {
+                e->gscale[i] = (float)g[i];
+                if (!(g[i] > 0) || !isfinite(g[i])) ngs = -1;
+            }
+        free(g);
+    }
+    free(js);
+    const int64_t D = h->ple_row_dim;
+    if (strcmp(fmt, "strata-ple-nvfp4-v1"))
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: format \"%s\" is not strata-ple-nvfp4-v1; rebuild it "
+                           "with `strata pack-ple`", side, fmt);
+    if (dim != (double)D || cw != (double)(D / 2) || sw != (double)(D / 16) || width != cw + sw || D % 16)
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: rows of %.0f values (%.0f code + %.0f scale bytes = "
+                           "row width %.0f) do not fit this model's %lld-value rows (%lld + %lld = %lld bytes)",
+                           side, dim, cw, sw, width, (long long)D, (long long)(D / 2), (long long)(D / 16),
+                           (long long)(D / 2 + D / 16));
+    if (!(rows > 0) || rows != floor(rows) || !(nshard >= 1) || !(rps >= 1) || ngs != (int64_t)nshard ||
+        rps * (nshard - 1) >= rows || rps * nshard < rows)
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: total_rows %.0f, num_shards %.0f, rows_per_shard %.0f "
+                           "and global_scales (%lld positive values) do not agree; rebuild it with `strata pack-ple`",
+                           side, rows, nshard, rps, (long long)ngs);
+    uint64_t grows;
+    if (gguf_u64(m->gguf, "strata.ple_external.rows", &grows) && grows != (uint64_t)rows)
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table %s has %.0f rows but the model was converted with %llu "
+                           "(strata.ple_external.rows): the table belongs to another checkpoint", path, rows,
+                           (unsigned long long)grows);
+    if (gguf_str(m->gguf, "strata.ple_external.source", gsrc, sizeof gsrc) && strcmp(gsrc, src))
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: source \"%s\" is not the checkpoint the model was "
+                           "converted from (\"%s\")", side, src, gsrc);
+    rc = ple_table_open_file(&e->table, path, (size_t)width, (int64_t)rows, m->params.ple_mode);
+    if (rc) return rc;
+    e->external = 1;
+    e->n_shard = (int64_t)nshard;
+    e->shard_rows = (int64_t)rps;
+    m->ple_table = (const char *)e->table.rows;
+    m->ple_table_t = NULL;
+    m->ple_table_row = (size_t)width;
+    m->ple_table_rows = (int64_t)rows;
+    return STRATA_OK;
+}
+
+strata_status mdl_ple_bind(strata_model *m) {
+    const mdl_hparams *h = &m->hp;
+    if (m->params.ple_mode < STRATA_PLE_AUTO || m->params.ple_mode > STRATA_PLE_DIRECT)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "model: ple_mode %d (use 0 auto, 1 mmap, 2 direct)", m->params.ple_mode);
+    struct mdl_ple_engine *e = calloc(1, sizeof *e);
+    if (!e) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory");
+    e->table.fd = -1;
+    m->ple = e;
+    strata_status rc;
+    char ext[1024];
+    int64_t ti;
+    const int has_tensor = strata_gguf_find_tensor(m->gguf, "per_layer_token_embd.weight", &ti) == STRATA_OK;
+    if (gguf_str(m->gguf, "strata.ple_external", ext, sizeof ext)) {
+        if (has_tensor)
+            return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: both per_layer_token_embd.weight and strata.ple_external "
+                               "are present; a GGUF holds its PLE table in one place");
+        if ((rc = bind_external(m, e, ext))) return rc;
+    } else {
+        strata_gguf_tensor t;
+        if (!has_tensor || strata_gguf_tensor_info(m->gguf, ti, &t))
+            return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: PLE is on but tensor per_layer_token_embd.weight is missing "
+                               "(and no strata.ple_external names a packed table)");
+        const strata_qtraits *q = strata_qtraits_get(t.type);
+        if (!q || !q->dequant[0] || t.ne[0] != h->ple_row_dim || h->ple_row_dim % q->block_size || t.ne[2] != 1)
+            return strata_fail(STRATA_ERR_FORMAT, "tensor per_layer_token_embd.weight: rows of %lld values of type %d do not match embedding_length_per_layer_input %d",
+                               (long long)t.ne[0], t.type, h->ple_row_dim);
+        m->ple_table = t.data;
+        m->ple_table_t = q;
+        m->ple_table_row = (size_t)(h->ple_row_dim / q->block_size) * (size_t)q->type_size;
+        m->ple_table_rows = t.ne[1];
+        if (t.size != m->ple_table_row * (uint64_t)t.ne[1])
+            return strata_fail(STRATA_ERR_FORMAT, "tensor per_layer_token_embd.weight: data size does not match its shape");
+        if ((rc = ple_table_open_mapped(&e->table, t.data, m->ple_table_row, m->ple_table_rows, m->params.ple_mode)))
+            return rc;
+    }
+    const int nh = (h->ple_n - 1) * h->ple_heads_per;
+    for (int i = 0; i < nh; i++)
+        if (h->ple_off[i] + h->ple_size[i] > (uint64_t)m->ple_table_rows)
+            return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: PLE head %d reaches row %llu but the table has %lld rows", i,
+                               (unsigned long long)(h->ple_off[i] + h->ple_size[i]), (long long)m->ple_table_rows);
+    if (h->ple_eos < 0 || h->ple_eos >= h->n_vocab)
+        return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: ple.eos_token_id %lld is not a token id", (long long)h->ple_eos);
+    ple_hash *hs = &e->hash;
+    hs->n = h->ple_n;
+    hs->heads_per = h->ple_heads_per;
+    hs->eos = (uint64_t)h->ple_eos;
+    memcpy(hs->mult, h->ple_mult, sizeof hs->mult);
+    memcpy(hs->off, h->ple_off, sizeof hs->off);
+    memcpy(hs->size, h->ple_size, sizeof hs->size);
+    return ple_worker_start(&e->worker, &e->table, hs, m->params.n_ubatch);
+}
+
+void mdl_ple_close(strata_model *m) {
+    struct mdl_ple_engine *e = m->ple;
+    if (!e) return;
+    ple_worker_stop(&e->worker);
+    ple_table_close(&e->table);
+    free(e->gscale);
+    free(e);
+    m->ple = NULL;
+}
+
+/* ---------------------------------------------------------------- public: info and stats */
+
+strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out) {
+    if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_ple_info: null argument");
+    memset(out, 0, sizeof *out);
+    const struct mdl_ple_engine *e = m->ple;
+    if (!e) return STRATA_OK;
+    out->present = 1;
+    out->mode = e->table.mode;
+    out->external = e->external;
+    out->madv_random = e->table.madv_random;
+    out->prefetch = e->table.prefetch;
+    out->n_rows = e->table.n_rows;
+    out->row_bytes = e->table.row_bytes;
+    out->table_bytes = (uint64_t)e->table.n_rows * e->table.row_bytes;
+    snprintf(out->path, sizeof out->path, "%s", e->table.path);
+    snprintf(out->why, sizeof out->why, "%s", e->table.why);
+    return STRATA_OK;
+}
+
+strata_status strata_model_ple_resident(const strata_model *m, uint64_t *resident_pages, uint64_t *total_pages) {
+    if (!m || !resident_pages || !total_pages) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_ple_resident: null argument");
+    *resident_pages = *total_pages = 0;
+    return m->ple ? ple_resident(&m->ple->table, resident_pages, total_pages) : STRATA_OK;
+}
+
+strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats *prefill, strata_ple_stats *decode) {
+    if (!s) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_ple_stats: null session");
+    if (prefill) *prefill = s->ple_stats[0];
+    if (decode) *decode = s->ple_stats[1];
+    return STRATA_OK;
+}
+
+/* ---------------------------------------------------------------- the layer */
+
+/* Bookkeeping of a submitted step, per session (a session runs one step at a time). */
+static _Thread_local struct { const strata_session *s; uint64_t seq; int64_t L; } pending;
+
+strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L) {
+    struct mdl_ple_engine *e = s->m->ple;
+    if (!e) return STRATA_OK;
+    const int64_t n = s->m->hp.ple_n;
+    int32_t *h = malloc((size_t)(n - 1 + L) * sizeof(int32_t));
+    if (!h) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for %lld ids", (long long)L);
+    memcpy(h, s->ple_ctx, (size_t)(n - 1) * sizeof(int32_t));
+    memcpy(h + n - 1, ids, (size_t)L * sizeof(int32_t));
+    uint64_t seq;
+    strata_status rc = ple_submit(&e->worker, s, h, L, &seq);
+    free(h);
+    if (rc) return rc;
+    pending.s = s;
+    pending.seq = seq;
+    pending.L = L;
+    return STRATA_OK;
+}
 
 strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
+    struct mdl_ple_engine *pe = m->ple;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, n = hp->ple_n, Kp = hp->ple_kp;
     const int64_t NH = (n - 1) * hp->ple_heads_per, dP = hp->ple_row_dim, hist = (Kp - 1) * n;
-    const uint64_t eos0 = (uint64_t)hp->ple_eos;
+    strata_status rc = STRATA_OK;
+    if (!(pending.s == s && pending.L == L) && (rc = mdl_ple_submit(s, ids, L))) return rc;
+    const uint64_t seq = pending.seq;
+    pending.s = NULL;
     float *emb = malloc((size_t)(L * E) * sizeof(float));
     float *key = malloc((size_t)(L * W) * sizeof(float));
     float *val = malloc((size_t)(L * E) * sizeof(float));
     float *gv = malloc((size_t)(L * W) * sizeof(float));
     float *ext = malloc((size_t)((hist + L) * W) * sizeof(float));
     float *qry = malloc((size_t)W * sizeof(float));
-    int32_t *h = malloc((size_t)(n - 1 + L) * sizeof(int32_t));
-    strata_status rc = STRATA_OK;
-    if (!emb || !key || !val || !gv || !ext || !qry || !h) {
+    strata_ple_stats *st = &s->ple_stats[L > 1 ? 0 : 1];
+    double wait_s = 0;
+    rc = ple_wait(&pe->worker, seq, &wait_s);
+    st->wait_s += wait_s;
+    if (!rc && (!emb || !key || !val || !gv || !ext || !qry))
         rc = strata_fail(STRATA_ERR_NOMEM, "PLE layer %d: no memory for %lld tokens", il, (long long)L);
+    if (rc) {
+        ple_release(&pe->worker, s);
         goto done;
     }
-    memcpy(h, s->ple_ctx, (size_t)(n - 1) * sizeof(int32_t));
-    memcpy(h + n - 1, ids, (size_t)L * sizeof(int32_t));
-    for (int64_t t = 0; t < L; t++) {
-        const int64_t p = n - 1 + t;
-        uint64_t sh[MDL_MAX_NGRAM];
-        sh[0] = (uint64_t)h[p];
-        int cut = 0;
-        for (int64_t k = 1; k < n; k++) {
-            const uint64_t tok = (uint64_t)h[p - k];
-            sh[k] = cut ? eos0 : tok;
-            if (tok == eos0) cut = 1;
-        }
-        uint64_t mix = sh[0] * hp->ple_mult[0];
-        for (int64_t order = 2; order <= n; order++) {
-            mix ^= sh[order - 1] * hp->ple_mult[order - 1];
-            for (int64_t g = 0; g < hp->ple_heads_per; g++) {
-                const int64_t head = (order - 2) * hp->ple_heads_per + g;
-                const uint64_t row = mix % hp->ple_size[head] + hp->ple_off[head];
-                m->ple_table_t->dequant[0](m->ple_table + row * m->ple_table_row, emb + t * E + head * dP, dP);
+    {
+        const ple_result *r = &pe->worker.result;
+        st->steps++;
+        st->tokens += (uint64_t)L;
+        st->rows += r->rows;
+        st->read_bytes += r->read_bytes;
+        st->major_faults += r->major_faults;
+        st->minor_faults += r->minor_faults;
+        st->prefetch_pages += r->prefetch_pages;
+        st->hash_s += r->hash_s;
+        st->prefetch_s += r->prefetch_s;
+        st->gather_s += r->gather_s;
+        /* the cpu device dequantizes the packed rows here (t-major, head-minor, as the worker laid them) */
+        const double t0 = ple_now();
+        const uint8_t *buf = pe->worker.buf;
+        const size_t rb = m->ple_table_row;
+        for (int64_t i = 0; i < L * NH; i++) {
+            float *dst = emb + (i / NH) * E + (i % NH) * dP;
+            if (pe->external) {
+                int64_t sh = (int64_t)(pe->worker.rows[i] / (uint64_t)pe->shard_rows);
+                if (sh >= pe->n_shard) sh = pe->n_shard - 1;
+                ple_nvfp4_row(buf + (size_t)i * rb, dst, dP, pe->gscale[sh]);
             }
+            else m->ple_table_t->dequant[0]((const char *)buf + (size_t)i * rb, dst, dP);
         }
+        st->dequant_s += ple_now() - t0;
     }
-    (void)NH;
-    memcpy(s->ple_ctx, h + L, (size_t)(n - 1) * sizeof(int32_t));
+    ple_release(&pe->worker, s);
+    {
+        /* the context becomes the last n-1 ids of (old context, ids) */
+        int32_t h[MDL_MAX_NGRAM * 2];
+        int64_t k = 0;
+        for (int64_t i = 0; i < n - 1; i++) h[k++] = s->ple_ctx[i];
+        const int64_t take = L < n - 1 ? L : n - 1;
+        for (int64_t i = L - take; i < L; i++) h[k++] = ids[i];
+        memcpy(s->ple_ctx, h + k - (n - 1), (size_t)(n - 1) * sizeof(int32_t));
+    }
     if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, L, key))) goto done;
     if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, L, val))) goto done;
     const float inv_sqrt_e = 1.0f / sqrtf((float)E);
@@ -93,6 +365,6 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) 
     }
     memcpy(s->ple_conv, ext + L * W, (size_t)(hist * W) * sizeof(float));
 done:
-    free(emb); free(key); free(val); free(gv); free(ext); free(qry); free(h);
+    free(emb); free(key); free(val); free(gv); free(ext); free(qry);
     return rc;
 }

@@ -1,0 +1,590 @@
+/*
+ * ple.c — the PLE table access layer and its gather worker; ple.h holds the protocol.
+ */
+#include "ple.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+double ple_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- hashing */
+
+void ple_hash_rows(const ple_hash *h, const int32_t *hist, int64_t L, uint64_t *rows) {
+    const int64_t n = h->n, NH = (int64_t)(n - 1) * h->heads_per;
+    for (int64_t t = 0; t < L; t++) {
+        const int64_t p = n - 1 + t;
+        uint64_t sh[PLE_MAX_NGRAM];
+        sh[0] = (uint64_t)hist[p];
+        int cut = 0;
+        for (int64_t k = 1; k < n; k++) {
+            const uint64_t tok = (uint64_t)hist[p - k];
+            sh[k] = cut ? h->eos : tok;
+            if (tok == h->eos) cut = 1;
+        }
+        uint64_t mix = sh[0] * h->mult[0];
+        for (int64_t order = 2; order <= n; order++) {
+            mix ^= sh[order - 1] * h->mult[order - 1];
+            for (int64_t g = 0; g < h->heads_per; g++) {
+                const int64_t head = (order - 2) * h->heads_per + g;
+                rows[t * NH + head] = mix % h->size[head] + h->off[head];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the table */
+
+int ple_backing_file(const void *addr, char *path, size_t n, uint64_t *file_off) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return 0;
+    char line[4096];
+    int found = 0;
+    const uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        uintptr_t lo, hi;
+        unsigned long long off;
+        int pos = 0;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %llx %*s %*s%n", &lo, &hi, &off, &pos) < 3) continue;
+        if (a < lo || a >= hi) continue;
+        char *p = line + pos;
+        while (*p == ' ' || *p == '\t') p++;
+        size_t len = strcspn(p, "\n");
+        if (len == 0 || *p != '/') break;            /* anonymous or special mapping */
+        const char *del = " (deleted)";
+        if (len > strlen(del) && !memcmp(p + len - strlen(del), del, strlen(del))) break;
+        if (len >= n) break;
+        memcpy(path, p, len);
+        path[len] = 0;
+        *file_off = (uint64_t)off + (uint64_t)(a - lo);
+        found = 1;
+        break;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Page-aligned span of the rows in memory. */
+static void rows_span(const ple_table *t, uintptr_t *lo, size_t *len) {
+    const uintptr_t a = (uintptr_t)t->rows, e = a + (uintptr_t)(t->row_bytes * (size_t)t->n_rows);
+    *lo = a & ~(uintptr_t)(PLE_PAGE - 1);
+    *len = (size_t)(((e + PLE_PAGE - 1) & ~(uintptr_t)(PLE_PAGE - 1)) - *lo);
+}
+
+static uint64_t probe_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Settles the mode: applies MADV_RANDOM / FADV_RANDOM and, for auto, runs the probe. */
+static void settle(ple_table *t, int mode) {
+    const char *env = getenv("STRATA_PLE_MADV_RANDOM");   /* benchmark knob: 0 = kernel default readahead */
+    const int want_random = !(env && env[0] == '0');
+    env = getenv("STRATA_PLE_PREFETCH");
+    t->prefetch = !(env && env[0] == '0');
+    if (t->fd >= 0) posix_fadvise(t->fd, 0, 0, POSIX_FADV_RANDOM);
+    char madv_err[96] = "";
+    if (want_random && t->n_rows > 0) {
+        uintptr_t lo;
+        size_t len;
+        rows_span(t, &lo, &len);
+        if (madvise((void *)lo, len, MADV_RANDOM) == 0) t->madv_random = 1;
+        else snprintf(madv_err, sizeof madv_err, "madvise(MADV_RANDOM) failed: %s", strerror(errno));
+    }
+    const char *ra = t->madv_random ? "MADV_RANDOM" : want_random ? madv_err : "default readahead (STRATA_PLE_MADV_RANDOM=0)";
+    if (mode == PLE_MODE_MMAP || mode == PLE_MODE_DIRECT) {
+        if (mode == PLE_MODE_DIRECT && t->fd < 0) {
+            t->mode = PLE_MODE_MMAP;
+            snprintf(t->why, sizeof t->why, "mmap (direct was asked for, but the table is not backed by a file; %s)", ra);
+            return;
+        }
+        t->mode = mode;
+        snprintf(t->why, sizeof t->why, "%s (asked for; %s)", mode == PLE_MODE_MMAP ? "mmap" : "direct pread",
+                 mode == PLE_MODE_MMAP ? ra : "POSIX_FADV_RANDOM");
+        return;
+    }
+    if (t->fd < 0) {
+        t->mode = PLE_MODE_MMAP;
+        snprintf(t->why, sizeof t->why, "mmap (auto: the table is in memory, no file to pread; %s)", ra);
+        return;
+    }
+    if (!t->madv_random && want_random) {
+        t->mode = PLE_MODE_DIRECT;
+        snprintf(t->why, sizeof t->why, "direct pread (auto: %s, a fault would read the readahead window)", madv_err);
+        return;
+    }
+    /* The probe: 8 random rows read each way (different rows, so neither warms the other). A
+     * fault costs a trap and a page-table update on top of the read; pread costs a copy. mmap is
+     * kept unless faults are clearly slower (> 2x and > 50 µs a row): file-backed pages cost no
+     * anonymous memory and no syscall per row once cached. */
+    uint64_t seed = (uint64_t)t->n_rows * 0x2545F4914F6CDD1Dull + 7;
+    uint8_t tmp[4096];
+    double t_map = 0, t_rd = 0;
+    volatile uint8_t sink = 0;
+    const int K = 8;
+    int ok = t->row_bytes <= sizeof tmp;
+    for (int k = 0; k < K && ok; k++) {
+        const uint64_t r1 = probe_rng(&seed) % (uint64_t)t->n_rows, r2 = probe_rng(&seed) % (uint64_t)t->n_rows;
+        double t0 = ple_now();
+        const uint8_t *p = t->rows + r1 * t->row_bytes;
+        for (size_t i = 0; i < t->row_bytes; i += 64) sink ^= p[i];
+        sink ^= p[t->row_bytes - 1];
+        double t1 = ple_now();
+        if (pread(t->fd, tmp, t->row_bytes, (off_t)(t->file_off + r2 * t->row_bytes)) != (ssize_t)t->row_bytes) ok = 0;
+        double t2 = ple_now();
+        t_map += t1 - t0;
+        t_rd += t2 - t1;
+    }
+    (void)sink;
+    const double um = 1e6 * t_map / K, ur = 1e6 * t_rd / K;
+    if (ok && um > 2.0 * ur && um > 50.0) {
+        t->mode = PLE_MODE_DIRECT;
+        snprintf(t->why, sizeof t->why, "direct pread (auto: probe of %d rows: fault %.1f us/row, pread %.1f us/row)", K, um, ur);
+    } else {
+        t->mode = PLE_MODE_MMAP;
+        snprintf(t->why, sizeof t->why, "mmap (auto: probe of %d rows: fault %.1f us/row, pread %.1f us/row%s; %s)", K, um, ur,
+                 ok ? "" : ", pread failed", ra);
+    }
+}
+
+strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode) {
+    memset(t, 0, sizeof *t);
+    t->fd = -1;
+    t->rows = rows;
+    t->row_bytes = row_bytes;
+    t->n_rows = n_rows;
+    uint64_t off = 0;
+    if (ple_backing_file(rows, t->path, sizeof t->path, &off)) {
+        t->fd = open(t->path, O_RDONLY | O_CLOEXEC);
+        t->file_off = off;
+        /* the descriptor must read what the mapping holds */
+        uint8_t a[64];
+        const size_t k = row_bytes < sizeof a ? row_bytes : sizeof a;
+        if (t->fd >= 0 && (pread(t->fd, a, k, (off_t)off) != (ssize_t)k || memcmp(a, rows, k))) {
+            close(t->fd);
+            t->fd = -1;
+        }
+        if (t->fd < 0) t->path[0] = 0;
+    }
+    settle(t, mode);
+    return STRATA_OK;
+}
+
+strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode) {
+    memset(t, 0, sizeof *t);
+    t->fd = -1;
+    if (strlen(path) >= sizeof t->path)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "PLE table path is too long: %s", path);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    t->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (t->fd < 0) return strata_fail(STRATA_ERR_IO, "PLE table %s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(t->fd, &st) != 0) {
+        strata_status rc = strata_fail(STRATA_ERR_IO, "PLE table %s: cannot stat: %s", path, strerror(errno));
+        ple_table_close(t);
+        return rc;
+    }
+    const uint64_t need = (uint64_t)row_bytes * (uint64_t)n_rows;
+    if ((uint64_t)st.st_size != need) {
+        strata_status rc = strata_fail(STRATA_ERR_FORMAT,
+                                       "PLE table %s is %llu bytes but its sidecar describes %lld rows of %zu bytes = %llu bytes "
+                                       "(truncated or from another checkpoint); rebuild it with `strata pack-ple`",
+                                       path, (unsigned long long)st.st_size, (long long)n_rows, row_bytes, (unsigned long long)need);
+        ple_table_close(t);
+        return rc;
+    }
+    void *p = mmap(NULL, (size_t)need, PROT_READ, MAP_SHARED, t->fd, 0);
+    if (p == MAP_FAILED) {
+        strata_status rc = strata_fail(STRATA_ERR_IO, "PLE table %s: mmap failed: %s", path, strerror(errno));
+        ple_table_close(t);
+        return rc;
+    }
+    t->own_map = p;
+    t->own_len = (size_t)need;
+    t->rows = p;
+    t->row_bytes = row_bytes;
+    t->n_rows = n_rows;
+    t->file_off = 0;
+    settle(t, mode);
+    return STRATA_OK;
+}
+
+void ple_table_close(ple_table *t) {
+    if (t->own_map) munmap(t->own_map, t->own_len);
+    if (t->fd >= 0) close(t->fd);
+    t->own_map = NULL;
+    t->fd = -1;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t ple_prefetch(const ple_table *t, const uint64_t *rows, int64_t n) {
+    if (n <= 0) return 0;
+    uint64_t *pg = malloc((size_t)n * 2 * sizeof(uint64_t));
+    if (!pg) return 0;                                  /* advisory: the gather faults instead */
+    const uint64_t base = t->fd >= 0 ? t->file_off : (uint64_t)(uintptr_t)t->rows;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t a = base + rows[i] * t->row_bytes;
+        pg[2 * i] = a / PLE_PAGE;
+        pg[2 * i + 1] = (a + t->row_bytes - 1) / PLE_PAGE;
+    }
+    qsort(pg, (size_t)n * 2, sizeof(uint64_t), cmp_u64);
+    int64_t u = 0;
+    for (int64_t i = 0; i < 2 * n; i++)
+        if (u == 0 || pg[i] != pg[u - 1]) pg[u++] = pg[i];
+    for (int64_t i = 0; i < u;) {
+        int64_t j = i + 1;
+        while (j < u && pg[j] == pg[j - 1] + 1) j++;
+        const uint64_t off = pg[i] * PLE_PAGE, len = (uint64_t)(j - i) * PLE_PAGE;
+        if (t->fd >= 0) posix_fadvise(t->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
+        else madvise((void *)(uintptr_t)off, (size_t)len, MADV_WILLNEED);
+        i = j;
+    }
+    free(pg);
+    return (uint64_t)u;
+}
+
+strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, uint8_t *dst) {
+    const size_t rb = t->row_bytes;
+    if (t->mode == PLE_MODE_DIRECT) {
+        for (int64_t i = 0; i < n; i++) {
+            size_t got = 0;
+            while (got < rb) {
+                const ssize_t k = pread(t->fd, dst + (size_t)i * rb + got, rb - got, (off_t)(t->file_off + rows[i] * rb + got));
+                if (k < 0 && errno == EINTR) continue;
+                if (k <= 0)
+                    return strata_fail(STRATA_ERR_IO, "PLE table %s: pread of row %llu failed: %s", t->path,
+                                       (unsigned long long)rows[i], k < 0 ? strerror(errno) : "end of file");
+                got += (size_t)k;
+            }
+        }
+        return STRATA_OK;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)i * rb, t->rows + rows[i] * rb, rb);
+    return STRATA_OK;
+}
+
+strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total) {
+    uintptr_t lo;
+    size_t len;
+    rows_span(t, &lo, &len);
+    const size_t np = len / PLE_PAGE;
+    *total = np;
+    *resident = 0;
+    if (np == 0) return STRATA_OK;
+    const size_t chunk = 1 << 20;                     /* pages per mincore call: 1 MiB of vector */
+    unsigned char *vec = malloc(chunk);
+    if (!vec) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the mincore vector");
+    for (size_t p = 0; p < np; p += chunk) {
+        const size_t k = np - p < chunk ? np - p : chunk;
+        if (mincore((void *)(lo + p * PLE_PAGE), k * PLE_PAGE, vec) != 0) {
+            free(vec);
+            return strata_fail(STRATA_ERR_IO, "PLE: mincore failed: %s", strerror(errno));
+        }
+        for (size_t i = 0; i < k; i++) *resident += vec[i] & 1;
+    }
+    free(vec);
+    return STRATA_OK;
+}
+
+/* ---------------------------------------------------------------- NVFP4 packed rows */
+
+static float e4m3(uint8_t b) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m / 8.0f, -6);
+    else v = ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return s ? -v : v;
+}
+
+static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void ple_nvfp4_row(const uint8_t *row, float *out, int64_t dim, float global_scale) {
+    const uint8_t *sc = row + dim / 2;
+    for (int64_t b = 0; b < dim / 16; b++) {
+        const float d = e4m3(sc[b]);
+        for (int64_t j = 0; j < 16; j += 2) {
+            const uint8_t c = row[(b * 16 + j) / 2];
+            out[b * 16 + j] = (E2M1[c & 15] * d) * global_scale;
+            out[b * 16 + j + 1] = (E2M1[c >> 4] * d) * global_scale;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- sidecar JSON (flat object) */
+
+static const char *json_value(const char *json, const char *key) {
+    char pat[160];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = json;
+    while ((p = strstr(p, pat))) {
+        const char *q = p + strlen(pat);
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
+        if (*q == ':') {
+            q++;
+            while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
+            return q;
+        }
+        p = q;
+    }
+    return NULL;
+}
+
+int ple_json_number(const char *json, const char *key, double *out) {
+    const char *v = json_value(json, key);
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (end == v || errno) return 0;
+    *out = x;
+    return 1;
+}
+
+int ple_json_string(const char *json, const char *key, char *out, size_t n) {
+    const char *v = json_value(json, key);
+    if (!v || *v != '"') return 0;
+    v++;
+    size_t k = 0;
+    for (; *v && *v != '"'; v++) {
+        char c = *v;
+        if (c == '\\') {                               /* keep the escaped character (paths: \\ and \") */
+            v++;
+            if (!*v) return 0;
+            c = *v == 'n' ? '\n' : *v == 't' ? '\t' : *v;
+        }
+        if (k + 1 >= n) return 0;
+        out[k++] = c;
+    }
+    if (*v != '"') return 0;
+    out[k] = 0;
+    return 1;
+}
+
+int64_t ple_json_numbers(const char *json, const char *key, double *out, int64_t max) {
+    const char *v = json_value(json, key);
+    if (!v || *v != '[') return -1;
+    v++;
+    int64_t n = 0;
+    for (;;) {
+        while (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r') v++;
+        if (*v == ']') return n;
+        char *end;
+        errno = 0;
+        const double x = strtod(v, &end);
+        if (end == v || errno || n >= max) return -1;
+        out[n++] = x;
+        v = end;
+        while (*v == ' ' || *v == '\t' || *v == '\n' || *v == '\r') v++;
+        if (*v == ',') v++;
+        else if (*v != ']') return -1;
+    }
+}
+
+/* ---------------------------------------------------------------- the worker */
+
+static uint64_t thread_read_bytes(void) {
+    FILE *f = fopen("/proc/thread-self/io", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long v = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "read_bytes: %llu", &v) == 1) break;
+    fclose(f);
+    return v;
+}
+
+static void thread_faults(uint64_t *maj, uint64_t *min) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) != 0) { *maj = *min = 0; return; }
+    *maj = (uint64_t)ru.ru_majflt;
+    *min = (uint64_t)ru.ru_minflt;
+}
+
+static void do_step(ple_worker *w) {
+    ple_result *r = &w->result;
+    memset(r, 0, sizeof *r);
+    const int64_t n = w->n_tok * w->n_heads;
+    const uint64_t rb0 = thread_read_bytes();
+    uint64_t maj0, min0, maj1, min1;
+    thread_faults(&maj0, &min0);
+    const double t0 = ple_now();
+    ple_hash_rows(w->hash, w->hist, w->n_tok, w->rows);
+    for (int64_t i = 0; i < n; i++)
+        if (w->rows[i] >= (uint64_t)w->table->n_rows) {    /* load checked the heads; this is a bug guard */
+            r->status = STRATA_ERR_INTERNAL;
+            snprintf(r->error, sizeof r->error, "PLE: row %llu is outside the table (%lld rows)",
+                     (unsigned long long)w->rows[i], (long long)w->table->n_rows);
+            return;
+        }
+    const double t1 = ple_now();
+    if (w->prefetch) r->prefetch_pages = ple_prefetch(w->table, w->rows, n);
+    const double t2 = ple_now();
+    r->status = ple_gather(w->table, w->rows, n, w->buf);
+    if (r->status) snprintf(r->error, sizeof r->error, "%s", strata_last_error());
+    const double t3 = ple_now();
+    thread_faults(&maj1, &min1);
+    r->rows = (uint64_t)n;
+    r->read_bytes = thread_read_bytes() - rb0;
+    r->major_faults = maj1 - maj0;
+    r->minor_faults = min1 - min0;
+    r->hash_s = t1 - t0;
+    r->prefetch_s = t2 - t1;
+    r->gather_s = t3 - t2;
+}
+
+static void *worker_main(void *arg) {
+    ple_worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && atomic_load_explicit(&w->req_seq, memory_order_acquire) == atomic_load(&w->done_seq))
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) break;
+        const uint64_t seq = atomic_load_explicit(&w->req_seq, memory_order_acquire);
+        pthread_mutex_unlock(&w->mu);
+        do_step(w);
+        if (w->stall_ms) usleep(w->stall_ms * 1000u);
+        atomic_store_explicit(&w->done_seq, seq, memory_order_release);   /* rows are in place */
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_broadcast(&w->cv);                                   /* wake a model thread waiting in step 1 */
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap) {
+    memset(w, 0, sizeof *w);
+    w->table = t;
+    w->hash = h;
+    w->cap = cap;
+    w->n_heads = (int64_t)(h->n - 1) * h->heads_per;
+    const char *e = getenv("STRATA_PLE_STEP_TIMEOUT");
+    w->timeout_s = e && atof(e) > 0 ? atof(e) : 300.0;
+    e = getenv("STRATA_PLE_TEST_STALL_MS");
+    w->stall_ms = e ? (unsigned)strtoul(e, NULL, 10) : 0;
+    w->prefetch = t->prefetch;
+    w->hist = malloc((size_t)(h->n - 1 + cap) * sizeof(int32_t));
+    w->rows = malloc((size_t)(cap * w->n_heads) * sizeof(uint64_t));
+    w->buf = malloc((size_t)(cap * w->n_heads) * t->row_bytes);
+    if (!w->hist || !w->rows || !w->buf) {
+        free(w->hist); free(w->rows); free(w->buf);
+        return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers of %lld tokens", (long long)cap);
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w->hist); free(w->rows); free(w->buf);
+        return strata_fail(STRATA_ERR_INTERNAL, "PLE: cannot start the gather worker thread");
+    }
+    w->started = 1;
+    return STRATA_OK;
+}
+
+void ple_worker_stop(ple_worker *w) {
+    if (!w->started) return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->hist); free(w->rows); free(w->buf);
+    w->started = 0;
+}
+
+/* Polls done_seq >= seq: ~20 µs of spinning, then 50 µs sleeps, until `deadline`. */
+static int poll_done(ple_worker *w, uint64_t seq, double deadline) {
+    for (int i = 0; i < 2000; i++)
+        if (atomic_load_explicit(&w->done_seq, memory_order_acquire) >= seq) return 1;
+    const struct timespec nap = {0, 50000};
+    while (atomic_load_explicit(&w->done_seq, memory_order_acquire) < seq) {
+        if (ple_now() > deadline) return 0;
+        nanosleep(&nap, NULL);
+    }
+    return 1;
+}
+
+strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq) {
+    if (L > w->cap) return strata_fail(STRATA_ERR_INTERNAL, "PLE: a step of %lld tokens exceeds the gather buffers (%lld)",
+                                       (long long)L, (long long)w->cap);
+    const double deadline = ple_now() + w->timeout_s;
+    pthread_mutex_lock(&w->mu);
+    while (w->owner && w->owner != owner) {
+        const double left = deadline - ple_now();
+        if (left <= 0) {
+            pthread_mutex_unlock(&w->mu);
+            return strata_fail(STRATA_ERR_IO, "PLE: the gather channel stayed busy with another session for %.0f s "
+                               "(STRATA_PLE_STEP_TIMEOUT); is the table's disk stalled?", w->timeout_s);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const double wake = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (left < 0.05 ? left : 0.05);
+        ts.tv_sec = (time_t)wake;
+        ts.tv_nsec = (long)((wake - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    w->owner = owner;
+    const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
+    pthread_mutex_unlock(&w->mu);
+    if (atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev && !poll_done(w, prev, deadline))
+        return strata_fail(STRATA_ERR_IO, "PLE: the gather worker is still busy with step %llu, which timed out; "
+                           "waited another %.0f s (STRATA_PLE_STEP_TIMEOUT). The table's storage may be stalled",
+                           (unsigned long long)prev, w->timeout_s);
+    const int64_t n = w->hash->n;
+    memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
+    w->n_tok = L;
+    w->prefetch = w->table->prefetch && L > 1;
+    pthread_mutex_lock(&w->mu);
+    *seq = prev + 1;
+    atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return STRATA_OK;
+}
+
+strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s) {
+    const double t0 = ple_now();
+    const int ok = poll_done(w, seq, t0 + w->timeout_s);
+    *wait_s = ple_now() - t0;
+    if (!ok)
+        return strata_fail(STRATA_ERR_IO, "PLE: the gather of step %llu did not finish within %.1f s "
+                           "(STRATA_PLE_STEP_TIMEOUT); the table file %s may be on stalled storage. "
+                           "The session's state is undefined: reset it",
+                           (unsigned long long)seq, w->timeout_s, w->table->path[0] ? w->table->path : "(in memory)");
+    if (w->result.status)
+        return strata_fail(w->result.status, "%s", w->result.error);
+    return STRATA_OK;
+}
+
+void ple_release(ple_worker *w, const void *owner) {
+    pthread_mutex_lock(&w->mu);
+    if (w->owner == owner) w->owner = NULL;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}

@@ -1,0 +1,172 @@
+/*
+ * ple.h — the PLE table access layer (DESIGN §6, seed 003): where the n-gram table's rows come
+ * from, how they are read, and the worker thread that gathers them off the model thread.
+ *
+ * The table is rows of `row_bytes` bytes, row r at file offset `file_off + r * row_bytes`: either
+ * the GGUF tensor per_layer_token_embd.weight used in place (its mapping belongs to the GGUF
+ * reader) or a packed NVFP4 file made by `strata pack-ple` (mapped here). Two access modes:
+ *   mmap    rows are copied out of the read-only mapping; madvise(MADV_RANDOM) on the table's
+ *           pages so a fault reads one 4 KiB page instead of the readahead window (8 MiB on this
+ *           VM's virtio disk, DESIGN §8). Nothing is copied into anonymous memory: the pages
+ *           are file-backed page cache and stay evictable.
+ *   direct  pread() of exactly the needed rows into the engine's buffer, on our own descriptor
+ *           with POSIX_FADV_RANDOM (no readahead).
+ * "auto" picks one with a short read probe at open; ple_table.why says which and why.
+ *
+ * Prefetch: for a step of more than one token every needed row is known up front; the rows are
+ * mapped to their first and last 4 KiB page, the pages deduplicated and sorted, runs of
+ * consecutive pages merged, and each run announced with posix_fadvise(POSIX_FADV_WILLNEED)
+ * (madvise(MADV_WILLNEED) when there is no descriptor) before the gather. Advisory only: a
+ * failure leaves the gather to fault the pages in; results never change.
+ *
+ * ---------------------------------------------------------------- the worker protocol
+ * One gather worker per model (a pthread started at load). The request/response channel:
+ *
+ *   field                   written by                     read by
+ *   ---------------------   ----------------------------   -------------------------------
+ *   owner                   model thread M, under mu       other model threads, under mu
+ *   hist, n_tok, prefetch   M, before publishing req_seq   worker W, after it sees req_seq
+ *   req_seq                 M (atomic, release), under mu  W (acquire), woken by cv
+ *   rows, buf, result       W, before publishing done_seq  M, after it sees done_seq >= seq
+ *   done_seq                W (atomic, release)            M (acquire, polling)
+ *   stop                    M at close, under mu           W
+ *
+ * Ordering, for step `seq`:
+ *   1. M takes the channel (ple_submit): under mu it waits until no other session owns it, then
+ *      sets owner. If done_seq < req_seq the worker is still busy with an earlier step that
+ *      timed out: M waits for it (with the same timeout) before writing anything.
+ *   2. M writes the request (token history, count, prefetch flag), then stores req_seq = seq
+ *      with release order and signals cv.
+ *   3. W wakes, loads req_seq (acquire), reads the request, hashes the n-grams to row ids,
+ *      prefetches, gathers the packed rows into buf and fills `result` (its own measurements:
+ *      rows, bytes read, faults, times). Only then does it store done_seq = seq (release): the
+ *      number is written after the rows are in place (for a device: after the copy completed).
+ *   4. M (ple_wait) polls done_seq >= seq: a short spin, then 50 µs sleeps; after `timeout_s`
+ *      (STRATA_PLE_STEP_TIMEOUT, default 300 s) it fails with STRATA_ERR_IO instead of hanging.
+ *      After a timeout M does not read buf; it releases the channel, and the next step 1 (of any
+ *      session) waits for the worker to catch up before writing the request.
+ *   5. M reads buf (dequantizes the rows: the cpu device does it on the model thread) and
+ *      releases the channel (ple_release: owner = NULL, broadcast).
+ * The worker never touches a session: sessions see only what M copies out of `result`.
+ * ple_worker_stop joins the worker, so a stalled step delays model close but never leaks.
+ *
+ * Instrumentation (per step, by the worker on itself): rows, bytes read (read_bytes of
+ * /proc/thread-self/io), major/minor faults (getrusage(RUSAGE_THREAD)), prefetched pages, hash,
+ * prefetch and gather time; M adds its wait time. Pages resident (mincore) are counted on demand.
+ */
+#ifndef STRATA_PLE_PLE_H
+#define STRATA_PLE_PLE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata.h"
+
+#define PLE_MAX_NGRAM 8
+#define PLE_MAX_HEADS 64
+#define PLE_PAGE 4096u
+
+enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
+
+/* The hash of spec §6: order m (2..n) of token t mixes its m-1 predecessors (eos0 past an eos0),
+ * head h of order m takes row (mix mod size_h) + off_h. */
+typedef struct {
+    int32_t n, heads_per;
+    uint64_t eos;
+    uint64_t mult[PLE_MAX_NGRAM];
+    uint64_t off[PLE_MAX_HEADS], size[PLE_MAX_HEADS];
+} ple_hash;
+
+/* rows[t * NH + head] for the L tokens hist[n-1 .. n-1+L) (hist holds n-1 earlier ids first). */
+void ple_hash_rows(const ple_hash *h, const int32_t *hist, int64_t L, uint64_t *rows);
+
+typedef struct {
+    const uint8_t *rows;     /* row 0 in a read-only mapping */
+    size_t row_bytes;
+    int64_t n_rows;
+    int fd;                  /* our descriptor of the backing file, -1 if none (table in memory) */
+    uint64_t file_off;       /* file offset of row 0 */
+    void *own_map;           /* a mapping we made (packed file), else NULL */
+    size_t own_len;
+    int mode;                /* PLE_MODE_MMAP or PLE_MODE_DIRECT */
+    int madv_random;         /* MADV_RANDOM is in force on the rows */
+    int prefetch;            /* WILLNEED before multi-token gathers */
+    char path[1024];         /* backing file ("" if none) */
+    char why[256];           /* one line for the start-up log: mode and reason */
+} ple_table;
+
+/* The in-place GGUF table: rows already mapped (by the GGUF reader). Finds the backing file of
+ * the mapping (Linux /proc/self/maps) for pread/fadvise; a table with none runs in mmap mode. */
+strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode);
+/* A packed table file: maps it read-only and checks its size is n_rows * row_bytes. */
+strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode);
+void ple_table_close(ple_table *t);
+/* Announces the pages of rows[0..n) (WILLNEED); returns the number of distinct pages. */
+uint64_t ple_prefetch(const ple_table *t, const uint64_t *rows, int64_t n);
+/* Copies rows[0..n) to dst (n * row_bytes). IO on a failed pread. */
+strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, uint8_t *dst);
+/* Pages of the table resident in the page cache (mincore) and the table's page count. */
+strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total);
+/* The path of the file mapped at addr and the file offset of addr (0 if none; Linux only). */
+int ple_backing_file(const void *addr, char *path, size_t n, uint64_t *file_off);
+
+/* One step's measurements (worker side). */
+typedef struct {
+    uint64_t rows, read_bytes, major_faults, minor_faults, prefetch_pages;
+    double hash_s, prefetch_s, gather_s;
+    strata_status status;
+    char error[256];
+} ple_result;
+
+typedef struct {
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* worker: a request or stop; model threads: the channel is free */
+    const void *owner;           /* session holding the channel, NULL if free */
+    int stop;
+    _Atomic uint64_t req_seq, done_seq;
+    /* request */
+    int32_t *hist;               /* [n-1 + cap] */
+    int64_t n_tok;
+    int prefetch;
+    /* response */
+    uint64_t *rows;              /* [cap * NH] */
+    uint8_t *buf;                /* [cap * NH * row_bytes] packed rows */
+    ple_result result;
+    int64_t cap;
+    /* settings */
+    const ple_table *table;
+    const ple_hash *hash;
+    int64_t n_heads;
+    double timeout_s;            /* STRATA_PLE_STEP_TIMEOUT */
+    unsigned stall_ms;           /* STRATA_PLE_TEST_STALL_MS: test hook, the worker sleeps before publishing */
+} ple_worker;
+
+strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap);
+void ple_worker_stop(ple_worker *w);
+/* Steps 1-2 for the `L` tokens at hist[n-1..) (hist: n-1 earlier ids, then the L ids; L <= cap).
+ * Returns the step's seq in *seq. */
+strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq);
+/* Step 4: waits for done_seq >= seq; *wait_s gets the time spent. */
+strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s);
+/* Step 5. */
+void ple_release(ple_worker *w, const void *owner);
+
+/* Packed NVFP4 rows (pack-ple): dim/2 bytes of E2M1 codes (value 2j in the low nibble of byte j),
+ * then dim/16 FP8 E4M3 block scales; value = (code x block scale) x global scale, in float32 (the
+ * first product is exact: one rounding, as the converter's exact dequantization). The global
+ * scale is the row's shard's weight_scale_2. */
+void ple_nvfp4_row(const uint8_t *row, float *out, int64_t dim, float global_scale);
+
+/* A flat JSON object's number or string field (the pack-ple sidecar); 0 if absent/mistyped. */
+int ple_json_number(const char *json, const char *key, double *out);
+int ple_json_string(const char *json, const char *key, char *out, size_t n);
+/* A flat array of numbers: up to max values into out; returns the count, -1 if absent/mistyped. */
+int64_t ple_json_numbers(const char *json, const char *key, double *out, int64_t max);
+
+double ple_now(void);
+
+#endif

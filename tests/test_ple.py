@@ -1,0 +1,259 @@
+"""The PLE path (DESIGN §6, issue 6): mmap / direct access and WILLNEED prefetch give the same logits;
+the packed NVFP4 table (pack-ple + convert --ple-external) gives the logits of a GGUF that holds the same
+dequantized values; sidecar mismatch, truncated table and wrong row width are refused; a stalled gather
+worker makes eval fail after STRATA_PLE_STEP_TIMEOUT instead of hanging.
+
+Models: the `tiny` preset (f32) for the access modes; tools/make_tiny_hf.py --modelopt-nvfp4 (its PLE table
+is ModelOpt NVFP4 shards, one weight_scale_2 each) for the packed table."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pyrunner import models, ple
+from pyrunner.cli import main as cli
+from pyrunner.convert import ConvertError, convert
+from pyrunner.model import Model
+
+ROOT = Path(__file__).resolve().parent.parent
+IDS = [int(x) for x in np.random.default_rng(5).integers(0, 250, size=37)]
+DECODE = [17, 3, 200, 45, 9]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("ple") / "tiny.gguf"
+    models.make_model("tiny", str(out), recipe="f32", seed=4)
+    return str(out)
+
+
+def _run(path: str, **kw) -> tuple[np.ndarray, dict, dict]:
+    """Prefill IDS (all logits), then decode DECODE one token at a time; (logits, info, stats)."""
+    with Model(path, threads=2, n_ctx=256, kv_type="f32", **kw) as m:
+        s = m.session()
+        out = [s.eval(IDS, all_logits=True)]
+        out += [s.eval([t])[None] for t in DECODE]
+        return np.concatenate(out), ple.model_info(m), s.stats()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    return _run(tiny, ple_mode="mmap")
+
+
+@pytest.mark.parametrize("mode", ["direct", "auto"])
+@pytest.mark.parametrize("prefetch", ["1", "0"])
+def test_modes_and_prefetch_give_the_same_logits(tiny, reference, mode, prefetch, monkeypatch):
+    monkeypatch.setenv("STRATA_PLE_PREFETCH", prefetch)
+    logits, info, stats = _run(tiny, ple_mode=mode)
+    np.testing.assert_array_equal(logits, reference[0])
+    assert info["prefetch"] == (prefetch == "1")
+    if mode == "direct":
+        assert info["mode"] == "direct" and "asked for" in info["why"]
+    else:
+        assert info["mode"] in ("mmap", "direct") and "auto" in info["why"]
+    assert info["path"] == os.path.realpath(tiny)
+    assert stats["ple_prefill_prefetch_pages"] > 0 if prefetch == "1" else stats["ple_prefill_prefetch_pages"] == 0
+
+
+def test_mmap_reports_madv_random_and_counts_rows(tiny, reference):
+    _, info, stats = reference
+    assert info["mode"] == "mmap" and info["madv_random"] and not info["external"]
+    heads = 4   # tiny: (ngram 3 - 1) x 2 heads per order
+    assert stats["ple_prefill_steps"] == 1 and stats["ple_prefill_tokens"] == len(IDS)
+    assert stats["ple_decode_steps"] == len(DECODE) and stats["ple_decode_tokens"] == len(DECODE)
+    assert stats["ple_prefill_rows"] == len(IDS) * heads and stats["ple_decode_rows"] == len(DECODE) * heads
+    assert stats["ple_rows"] == (len(IDS) + len(DECODE)) * heads
+    assert stats["ple_prefill_gather_s"] > 0 and stats["ple_decode_wait_s"] > 0
+    assert {"ple_read_bytes", "ple_major_faults", "ple_wait_s"} <= set(stats)
+
+
+def test_resident_pages_count_the_table(tiny):
+    with Model(tiny, threads=1, n_ctx=64) as m:
+        m.session().eval(IDS[:8])
+        res, total = ple.resident(m)
+        info = ple.model_info(m)
+    assert total >= info["table_bytes"] // 4096 and 0 < res <= total
+
+
+def test_bad_ple_mode_is_refused(tiny):
+    with pytest.raises(ValueError, match="ple_mode 'fast'"):
+        Model(tiny, ple_mode="fast")
+
+
+# ---------------------------------------------------------------------------------------------- the handshake
+
+_STALL = """
+import sys, time
+from pyrunner.model import Model
+from pyrunner._native import StrataError
+m = Model(sys.argv[1], threads=1, n_ctx=64)
+s = m.session()
+t0 = time.monotonic()
+try:
+    s.eval([1, 2, 3])
+    print("NO ERROR")
+except StrataError as e:
+    print("ERR", round(time.monotonic() - t0, 2), e)
+t1 = time.monotonic()
+m.close()
+print("CLOSED", round(time.monotonic() - t1, 2))
+"""
+
+
+def test_stalled_worker_times_out_and_nothing_hangs(tiny):
+    env = dict(os.environ, STRATA_PLE_STEP_TIMEOUT="0.3", STRATA_PLE_TEST_STALL_MS="1500")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", _STALL, tiny], env=env, capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("ERR"), r.stdout
+    assert "did not finish within 0.3 s" in lines[0] and "STRATA_PLE_STEP_TIMEOUT" in lines[0]
+    assert float(lines[0].split()[1]) < 1.2          # failed at the timeout, not after the stall
+    assert lines[1].startswith("CLOSED")             # close joined the worker once it finished
+    assert wall < 30
+
+
+def test_without_stall_the_same_timeout_passes(tiny):
+    env = dict(os.environ, STRATA_PLE_STEP_TIMEOUT="30")
+    r = subprocess.run([sys.executable, "-c", _STALL, tiny], env=env, capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert r.stdout.startswith("NO ERROR"), r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- packed NVFP4
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    work = tmp_path_factory.mktemp("ple_packed")
+    hf = _tool().make(str(work / "mo"), seed=2, modelopt_nvfp4=True)
+    res = CliRunner().invoke(cli, ["pack-ple", hf, "-o", str(work / "packed")])
+    assert res.exit_code == 0, res.output
+    inplace = str(work / "inplace.gguf")
+    external = str(work / "gguf" / "external.gguf")
+    os.makedirs(work / "gguf")
+    convert(hf, inplace, "f32")
+    convert(hf, external, "f32", ple_external=str(work / "packed"))
+    return {"hf": hf, "dir": work / "packed", "inplace": inplace, "external": external, "work": work}
+
+
+def test_pack_ple_layout(packed):
+    from pyrunner.convert import Checkpoint
+    table, meta = ple.read_sidecar(str(packed["dir"]))
+    ck = Checkpoint(packed["hf"])
+    _, names = ple.find_shards(ck)
+    assert meta["num_shards"] == len(names) == 4 and meta["row_dim"] == 16
+    assert meta["row_width"] == 9 and meta["code_bytes"] == 8 and meta["scale_bytes"] == 1
+    raw = np.fromfile(table, dtype=np.uint8).reshape(meta["total_rows"], 9)
+    r0 = 0
+    for n in names:
+        w, s = ck.raw(n), ck.raw(n + "_scale")
+        np.testing.assert_array_equal(raw[r0:r0 + w.shape[0], :8], w)
+        np.testing.assert_array_equal(raw[r0:r0 + w.shape[0], 8:], s)
+        r0 += w.shape[0]
+    assert r0 == meta["total_rows"]
+    assert meta["global_scales"] == [float(np.asarray(ck.raw(n + "_scale_2")).reshape(-1)[0]) for n in names]
+    assert not [p for p in os.listdir(packed["dir"]) if p.endswith(".tmp")]
+
+
+def test_packed_table_matches_the_dequantized_gguf(packed):
+    from gguf import GGUFReader
+    ext = GGUFReader(packed["external"])
+    assert "per_layer_token_embd.weight" not in {t.name for t in ext.tensors}
+    assert "per_layer_token_embd.weight" in {t.name for t in GGUFReader(packed["inplace"]).tensors}
+    a, ia, _ = _run(packed["inplace"], ple_mode="mmap")
+    for mode in ("mmap", "direct"):
+        b, ib, st = _run(packed["external"], ple_mode=mode)
+        assert ib["external"] and ib["row_bytes"] == 9 and ib["mode"] == mode
+        np.testing.assert_array_equal(a, b)
+    assert not ia["external"]
+
+
+def _copy_external(packed, name: str) -> tuple[str, str]:
+    """A private copy of the external GGUF and its packed table (the GGUF names it relatively)."""
+    d = packed["work"] / name
+    shutil.copytree(packed["work"] / "gguf", d / "gguf")
+    shutil.copytree(packed["dir"], d / "packed")
+    return str(d / "gguf" / "external.gguf"), str(d / "packed" / ple.TABLE_NAME)
+
+
+def _edit_sidecar(table: str, **kw) -> None:
+    side = ple.sidecar_path(table)
+    with open(side) as f:
+        meta = json.load(f)
+    meta.update(kw)
+    with open(side, "w") as f:
+        json.dump(meta, f)
+
+
+def test_truncated_table_is_refused(packed):
+    gguf, table = _copy_external(packed, "trunc")
+    with open(table, "r+b") as f:
+        f.truncate(os.path.getsize(table) - 9)
+    with pytest.raises(Exception, match=r"truncated or from another checkpoint.*pack-ple"):
+        Model(gguf, n_ctx=32)
+
+
+def test_wrong_row_width_is_refused(packed):
+    gguf, table = _copy_external(packed, "width")
+    _edit_sidecar(table, row_dim=32, code_bytes=16, scale_bytes=2, row_width=18)
+    with pytest.raises(Exception, match=r"rows of 32 values .* do not fit this model's 16-value rows"):
+        Model(gguf, n_ctx=32)
+
+
+def test_sidecar_from_another_checkpoint_is_refused(packed):
+    gguf, table = _copy_external(packed, "source")
+    _edit_sidecar(table, source="other sha256:0000000000000000")
+    with pytest.raises(Exception, match=r"source \"other sha256:0+\" is not the checkpoint"):
+        Model(gguf, n_ctx=32)
+    gguf, table = _copy_external(packed, "rows")
+    with open(ple.sidecar_path(table)) as f:
+        meta = json.load(f)
+    _edit_sidecar(table, total_rows=meta["total_rows"] - 1)
+    with pytest.raises(Exception, match=r"do not agree|another checkpoint|truncated"):
+        Model(gguf, n_ctx=32)
+
+
+def test_missing_table_is_refused(packed):
+    gguf, table = _copy_external(packed, "missing")
+    os.unlink(ple.sidecar_path(table))
+    with pytest.raises(Exception, match=r"sidecar .* cannot be opened"):
+        Model(gguf, n_ctx=32)
+
+
+def test_convert_refuses_a_table_of_another_checkpoint(packed, tmp_path):
+    other = _tool().make(str(tmp_path / "other"), seed=7, modelopt_nvfp4=True)
+    with pytest.raises(ConvertError, match="not from this checkpoint"):
+        convert(other, str(tmp_path / "x.gguf"), "f32", ple_external=str(packed["dir"]))
+
+
+def test_pack_ple_refuses_a_float_table(packed):
+    float_twin = _tool().dequant_dir(packed["hf"])
+    r = CliRunner().invoke(cli, ["pack-ple", float_twin, "-o", str(packed["work"] / "f")])
+    assert r.exit_code != 0 and "not ModelOpt NVFP4 codes" in r.output and "stays in the GGUF" in r.output
+
+
+def test_pack_ple_cli_errors(tmp_path):
+    r = CliRunner().invoke(cli, ["pack-ple", str(tmp_path), "-o", str(tmp_path / "o")])
+    assert r.exit_code != 0 and "no *.safetensors" in r.output

@@ -290,3 +290,156 @@ def format_model_table(res: dict) -> str:
         lines.append(f"{'ratio':10s} {fmt(rt['prefill_tps']):>14s} {fmt(rt['decode_tps']):>13s}   "
                      f"(Strata / llama.cpp; same greedy tokens: {'yes' if res['same_tokens'] else 'no'})")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- bench ple
+
+_PLE_ENV = ("STRATA_PLE_MADV_RANDOM", "STRATA_PLE_PREFETCH")
+
+
+class _Env:
+    """Sets STRATA_PLE_* knobs for one model load (the library reads them at load) and restores them."""
+
+    def __init__(self, **kv):
+        self.kv = {k: str(v) for k, v in kv.items()}
+
+    def __enter__(self):
+        import os
+        self.old = {k: os.environ.get(k) for k in _PLE_ENV}
+        for k in _PLE_ENV:
+            os.environ.pop(k, None)
+        os.environ.update(self.kv)
+
+    def __exit__(self, *exc):
+        import os
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _delta(a: dict, b: dict, phase: str) -> dict:
+    return {k[len(f"ple_{phase}_"):]: b[k] - a[k] for k in b if k.startswith(f"ple_{phase}_")}
+
+
+def _ple_model(path: str, threads: int, mode: str, n_ctx: int):
+    from ._native import StrataError
+    from .model import Model
+    from . import ple
+
+    try:
+        m = Model(path, threads=threads, n_ctx=n_ctx, ple_mode=mode)
+    except (StrataError, ValueError, OSError) as e:
+        raise BenchError(f"Strata could not load {path}: {e}") from None
+    info = ple.model_info(m)
+    if not info:
+        m.close()
+        raise BenchError(f"{path} has no PLE table; bench ple needs a model with one (e.g. models/ple-5g.json)")
+    return m, info
+
+
+def _cold(info: dict) -> None:
+    from . import ple
+    ple.evict(info["path"], info["file_offset"], info["table_bytes"])
+
+
+def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_tokens: int = 2048,
+              gather_tokens: int = 18, seed: int = 0, log=print) -> dict:
+    """`strata bench ple` (issue 6; DESIGN §6, §8). Every measurement starts cold: the table's pages are
+    evicted (POSIX_FADV_DONTNEED on its byte range) after a short warm-up that brings the trunk's weights
+    in, so what is counted is the table's I/O. Counters come from the gather worker itself
+    (Session.stats(): its /proc/thread-self/io read_bytes and getrusage faults).
+
+      decode    `decode_tokens` single-token steps per access setting: mmap with the kernel's default
+                readahead (STRATA_PLE_MADV_RANDOM=0), mmap with MADV_RANDOM, direct pread: KiB read and
+                major faults per token, tokens/s, wait for the worker per token.
+      prefill   one `prompt_tokens` eval (the engine runs it in steps of 512 tokens) with and without the
+                WILLNEED prefetch, mmap and direct: gather (+ prefetch) seconds, bytes, faults, tokens/s.
+      gather    a `gather_tokens`-token prefill (16 rows a token: 18 -> 288 rows, the seed's cold
+                ~280-row gather) with and without prefetch: gather seconds.
+    """
+    from . import ple
+
+    m, info = _ple_model(path, threads, "mmap", 4096)
+    n_vocab = m.n_vocab
+    m.close()
+    res = {"model": path, "table_bytes": info["table_bytes"], "table_rows": info["rows"],
+           "row_bytes": info["row_bytes"], "readahead_kb": ple.readahead_kb(info["path"]), "threads": threads,
+           "decode": [], "prefill": [], "gather": []}
+    warm = bench_prompt(n_vocab, 8, seed + 1)
+
+    for label, mode, madv in (("mmap, default readahead", "mmap", 0), ("mmap, MADV_RANDOM", "mmap", 1),
+                              ("direct pread", "direct", 1)):
+        with _Env(STRATA_PLE_MADV_RANDOM=madv, STRATA_PLE_PREFETCH=1):
+            m, info = _ple_model(path, threads, mode, 4096)
+        try:
+            s = m.session()
+            s.eval(warm)
+            _cold(info)
+            ids = bench_prompt(n_vocab, decode_tokens, seed + 2)
+            a = s.stats()
+            t0 = time.perf_counter()
+            for t in ids:
+                s.eval([t])
+            dt = time.perf_counter() - t0
+            d = _delta(a, s.stats(), "decode")
+            n = d["tokens"]
+            row = {"setting": label, "why": info["why"], "tokens": n,
+                   "read_kib_per_token": d["read_bytes"] / 1024 / n, "major_faults_per_token": d["major_faults"] / n,
+                   "rows_per_token": d["rows"] / n, "tok_s": n / dt, "wait_ms_per_token": 1e3 * d["wait_s"] / n,
+                   "gather_ms_per_token": 1e3 * d["gather_s"] / n, "resident_pages": ple.resident(m)[0]}
+            res["decode"].append(row)
+            log(f"decode  {label:24s} {row['read_kib_per_token']:10.1f} KiB/token  {row['major_faults_per_token']:6.1f} "
+                f"major faults/token  {row['tok_s']:6.2f} tok/s  wait {row['wait_ms_per_token']:.2f} ms/token")
+        finally:
+            m.close()
+
+    for mode in ("mmap", "direct"):
+        for prefetch in (0, 1):
+            for key, n_tok in (("prefill", prompt_tokens), ("gather", gather_tokens)):
+                with _Env(STRATA_PLE_MADV_RANDOM=1, STRATA_PLE_PREFETCH=prefetch):
+                    m, info = _ple_model(path, threads, mode, max(4096, n_tok + 16))
+                try:
+                    s = m.session()
+                    s.eval(warm)
+                    s.reset()
+                    _cold(info)
+                    ids = bench_prompt(n_vocab, n_tok, seed + 3)
+                    a = s.stats()
+                    t0 = time.perf_counter()
+                    s.eval(ids)
+                    dt = time.perf_counter() - t0
+                    d = _delta(a, s.stats(), "prefill")
+                    row = {"mode": mode, "prefetch": bool(prefetch), "tokens": d["tokens"], "rows": d["rows"],
+                           "steps": d["steps"], "gather_s": d["gather_s"], "prefetch_s": d["prefetch_s"],
+                           "gather_total_s": d["gather_s"] + d["prefetch_s"], "read_bytes": d["read_bytes"],
+                           "major_faults": d["major_faults"], "prefetch_pages": d["prefetch_pages"],
+                           "wait_s": d["wait_s"], "tok_s": d["tokens"] / dt}
+                    res[key].append(row)
+                    log(f"{key:7s} {mode:6s} prefetch {'on ' if prefetch else 'off'} {row['rows']:7d} rows  gather "
+                        f"{1e3 * row['gather_total_s']:9.2f} ms  {row['read_bytes'] / 2**20:8.2f} MiB read  "
+                        f"{row['major_faults']:6d} major faults  {row['tok_s']:7.1f} tok/s")
+                finally:
+                    m.close()
+    return res
+
+
+def format_ple_table(res: dict) -> str:
+    out = [f"{res['model']}: PLE table {res['table_bytes'] / 1e9:.2f} GB, {res['table_rows']:,} rows x "
+           f"{res['row_bytes']} bytes; read_ahead_kb {res['readahead_kb']}; cold = table pages evicted first"]
+    out.append("decode (per token)          KiB read  major faults   tok/s  wait ms")
+    for r in res["decode"]:
+        out.append(f"  {r['setting']:24s} {r['read_kib_per_token']:10.1f} {r['major_faults_per_token']:13.1f} "
+                   f"{r['tok_s']:7.2f} {r['wait_ms_per_token']:8.2f}")
+    for key in ("prefill", "gather"):
+        rows = res[key]
+        out.append(f"{key} ({rows[0]['tokens']} tokens, {rows[0]['rows']} rows)   gather ms   MiB read  major faults  tok/s")
+        for r in rows:
+            out.append(f"  {r['mode']:6s} prefetch {'on ' if r['prefetch'] else 'off'}  {1e3 * r['gather_total_s']:11.2f} "
+                       f"{r['read_bytes'] / 2**20:10.2f} {r['major_faults']:13d} {r['tok_s']:6.1f}")
+        by = {(r["mode"], r["prefetch"]): r["gather_total_s"] for r in rows}
+        for mode in ("mmap", "direct"):
+            if by.get((mode, True)):
+                out.append(f"  {mode}: WILLNEED speeds the cold gather up {by[(mode, False)] / by[(mode, True)]:.1f}x")
+    return "\n".join(out)

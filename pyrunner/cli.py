@@ -197,6 +197,37 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         click.echo(b.format_model_table(res))
 
 
+@bench.command("ple")
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A GGUF with a PLE table, ideally larger than RAM can keep cached (models/ple-5g.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Engine threads.")
+@click.option("--decode-tokens", type=int, default=32, show_default=True, help="Cold decode steps per setting.")
+@click.option("--prompt-tokens", type=int, default=2048, show_default=True, help="Cold prefill length.")
+@click.option("--gather-tokens", type=int, default=18, show_default=True,
+              help="Tokens of the small cold gather (16 rows each).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
+def bench_ple(model_path, as_json, threads, decode_tokens, prompt_tokens, gather_tokens, seed):
+    """Cold PLE table I/O: decode KiB read per token with default readahead vs MADV_RANDOM vs direct pread,
+    prefill gather time with and without WILLNEED prefetch, decode tokens/s per mode (pyrunner/bench.py)."""
+    from . import bench as b
+    from ._native import StrataError
+
+    if min(threads, decode_tokens, prompt_tokens, gather_tokens) < 1:
+        raise click.ClickException("--threads, --decode-tokens, --prompt-tokens and --gather-tokens must be >= 1")
+    log = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    try:
+        res = b.bench_ple(model_path, threads=threads, decode_tokens=decode_tokens, prompt_tokens=prompt_tokens,
+                          gather_tokens=gather_tokens, seed=seed, log=log)
+    except (b.BenchError, StrataError) as e:
+        raise _fail(e) from None
+    if as_json:
+        json.dump(res, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        click.echo(b.format_ple_table(res))
+
+
 # ------------------------------------------------------------------ generate, chat, batch
 
 from .sampling import click_options as sampling_options  # noqa: E402  (the sampling flags, DESIGN §9)

@@ -193,7 +193,7 @@ def model_info(model) -> dict:
     return {"mode": {1: "mmap", 2: "direct"}[info.mode], "why": ffi.string(info.why).decode(),
             "external": bool(info.external), "madv_random": bool(info.madv_random), "prefetch": bool(info.prefetch),
             "rows": int(info.n_rows), "row_bytes": int(info.row_bytes), "table_bytes": int(info.table_bytes),
-            "path": ffi.string(info.path).decode()}
+            "path": ffi.string(info.path).decode(), "file_offset": int(info.file_offset)}
 
 
 def resident(model) -> tuple[int, int]:
@@ -225,10 +225,24 @@ def session_stats(sess) -> dict:
     return out
 
 
-def evict(path: str) -> None:
-    """Drops the file's pages from the page cache (POSIX_FADV_DONTNEED; clean pages only): "cold"."""
+def evict(path: str, offset: int = 0, length: int = 0) -> None:
+    """Drops the file's pages (bytes [offset, offset + length), 0 = to the end) from the page cache
+    (POSIX_FADV_DONTNEED; clean pages only): "cold" in DESIGN §8's sense."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def readahead_kb(path: str) -> int | None:
+    """read_ahead_kb of the block device holding path (None if it cannot be found)."""
+    st = os.stat(path)
+    dev = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for q in (f"{dev}/queue/read_ahead_kb", f"{dev}/../queue/read_ahead_kb"):
+        try:
+            with open(q) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            continue
+    return None

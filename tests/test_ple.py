@@ -257,3 +257,27 @@ def test_pack_ple_refuses_a_float_table(packed):
 def test_pack_ple_cli_errors(tmp_path):
     r = CliRunner().invoke(cli, ["pack-ple", str(tmp_path), "-o", str(tmp_path / "o")])
     assert r.exit_code != 0 and "no *.safetensors" in r.output
+
+
+def test_bench_ple_cli(tiny):
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", tiny, "--json", "--decode-tokens", "3", "--prompt-tokens", "40",
+                                 "--gather-tokens", "5", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [d["setting"] for d in res["decode"]] == ["mmap, default readahead", "mmap, MADV_RANDOM", "direct pread"]
+    assert "default readahead" in res["decode"][0]["why"] and "MADV_RANDOM" in res["decode"][1]["why"]
+    assert all(d["tokens"] == 3 and d["rows_per_token"] == 4 for d in res["decode"])
+    assert [(p["mode"], p["prefetch"]) for p in res["prefill"]] == [("mmap", False), ("mmap", True),
+                                                                    ("direct", False), ("direct", True)]
+    assert all(p["rows"] == 40 * 4 for p in res["prefill"]) and all(g["rows"] == 5 * 4 for g in res["gather"])
+    assert all((p["prefetch_pages"] > 0) == p["prefetch"] for p in res["prefill"])
+
+
+def test_bench_ple_refuses_a_model_without_ple(tmp_path):
+    p = json.load(open(ROOT / "models" / "micro.json"))
+    p["ple_layer_ids"] = []
+    (tmp_path / "nople.json").write_text(json.dumps(p))
+    out = str(tmp_path / "nople.gguf")
+    models.make_model(str(tmp_path / "nople.json"), out, recipe="f32", seed=0)
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", out, "--decode-tokens", "1"])
+    assert r.exit_code != 0 and "has no PLE table" in r.output

@@ -411,6 +411,7 @@ typedef struct strata_ple_info {
     uint64_t table_bytes;
     char path[1024];         /* the file the rows are read from ("" when the table is only in memory) */
     char why[256];           /* one line for the start-up log: the mode and why it was chosen */
+    uint64_t file_offset;    /* byte offset of row 0 in `path` (e.g. to evict the table's pages) */
 } strata_ple_info;
 strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out);
 /* Pages of the table resident in the page cache (mincore) and its page count; 0/0 without PLE. */

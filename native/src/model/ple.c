@@ -231,6 +231,7 @@ strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out)
     out->table_bytes = (uint64_t)e->table.n_rows * e->table.row_bytes;
     snprintf(out->path, sizeof out->path, "%s", e->table.path);
     snprintf(out->why, sizeof out->why, "%s", e->table.why);
+    out->file_offset = e->table.file_off;
     return STRATA_OK;
 }
 

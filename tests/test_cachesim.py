@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +167,10 @@ def test_hotness_cap_and_order():
     assert simulate(trace, 2, "hotness", max_swaps=1, **kw).hits == 1
     assert simulate(trace, 2, "hotness", max_swaps=2, **kw).hits == 2
     assert simulate(trace, 2, "hotness", max_swaps=0, **kw).hits == 0
+    # Equal differences in two layers: the lower layer goes first.
+    tie = fill + [rec(w, layer, [1]) for w in (1, 2, 3, 4) for layer in (0, 1)]
+    assert simulate(tie + [rec(5, 0, [1])], 2, "hotness", max_swaps=1, **kw).hits == 1
+    assert simulate(tie + [rec(5, 1, [1])], 2, "hotness", max_swaps=1, **kw).hits == 0
     # Pairs stay within their layer: a hot layer-1 expert does not evict layer 0's resident.
     trace = [rec(0, 0, [0])] + [rec(w, 1, [3]) for w in range(1, 6)] + [rec(6, 1, [3]), rec(7, 0, [0])]
     assert simulate(trace, 1, "hotness", interval=1).hits == 1
@@ -231,6 +237,35 @@ def test_hotness_matches_the_rule(seed):
         assert got.hits == brute_hotness(trace, capacity, interval=interval, max_swaps=max_swaps), \
             (capacity, interval, max_swaps)
         assert got.lookups == sum(len(t) for r in trace for t in r.tokens)
+
+
+@pytest.fixture(scope="module")
+def c_replay(tmp_path_factory):
+    """tests/native/test_expert_cache.c's --replay mode: the C table driven as the scheduler drives it."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the expert-cache replay"
+    exe = tmp_path_factory.mktemp("ec") / "test_expert_cache"
+    src = ROOT / "native" / "src"
+    r = subprocess.run([cc, "-std=c11", "-O1", "-D_GNU_SOURCE", "-I", str(ROOT / "native" / "include"), "-I", str(src),
+                        str(ROOT / "tests" / "native" / "test_expert_cache.c"), str(src / "moe" / "expert_cache.c"),
+                        str(src / "util" / "error.c"), "-lpthread", "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hotness_matches_the_c_cache(c_replay, seed):
+    trace = random_trace(200 + seed, n_windows=150)
+    text = "".join(f"{r.window} {r.layer} {len(r.tokens)} {len(r.tokens[0])} "
+                   + " ".join(str(e) for t in r.tokens for e in t) + "\n" for r in trace)
+    n_layer, n_expert = cachesim.trace_shape(trace)
+    for capacity, interval, max_swaps in [(6, 1, 96), (18, 2, 96), (36, 8, 96), (54, 3, 96), (18, 1, 1), (36, 2, 2)]:
+        out = subprocess.run([str(c_replay), "--replay", str(n_layer), str(n_expert), str(capacity), str(interval),
+                              str(max_swaps)], input=text, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        hits, lookups = map(int, out.stdout.split())
+        py = simulate(trace, capacity, "hotness", interval=interval, max_swaps=max_swaps)
+        assert (hits, lookups) == (py.hits, py.lookups), (capacity, interval, max_swaps)
 
 
 @pytest.mark.parametrize("seed", range(8))

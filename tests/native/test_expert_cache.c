@@ -642,7 +642,74 @@ static void test_threads(int rounds) {
     ec_free(c);
 }
 
-int main(void) {
+/* ---------------------------------------------------------------- trace replay */
+
+/* `test_expert_cache --replay N_LAYER N_EXPERT SLOTS INTERVAL [MAX_SWAPS] < trace.txt` drives the table the way
+ * the scheduler does and prints "hits lookups": tests/test_cachesim.py compares it with the Python
+ * hotness simulator. Input: one line per (window, layer): `window layer n_tokens k e[0] .. e[n*k-1]`.
+ * Per line: note every pick, then admit the missing experts in order of first appearance; at the end
+ * of a window the admitted copies complete, and every INTERVAL windows a round runs (its copies
+ * complete before the next window). */
+static int replay(int argc, char **argv) {
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: %s --replay N_LAYER N_EXPERT SLOTS INTERVAL [MAX_SWAPS] < trace\n", argv[0]);
+        return 2;
+    }
+    ec_params p = ec_default_params();
+    p.n_layer = atoi(argv[2]);
+    p.n_expert = atoi(argv[3]);
+    p.n_slots = atoi(argv[4]);
+    if (argc == 7) p.max_swaps = atoi(argv[6]);
+    const int interval = atoi(argv[5]);
+    expert_cache *c = NULL;
+    if (ec_create(&p, &c) != STRATA_OK || interval < 1) {
+        fprintf(stderr, "replay: %s\n", strata_last_error());
+        return 2;
+    }
+    int32_t *loading = malloc(sizeof(int32_t) * (size_t)(p.n_slots + 1));
+    ec_swap *sw = malloc(sizeof(ec_swap) * (size_t)(p.n_slots + 1));
+    int n_loading = 0, n_windows = 0, in_window = 0;
+    long cur = -1, window, layer, n, k;
+    for (;;) {
+        const int end = scanf("%ld %ld %ld %ld", &window, &layer, &n, &k) != 4;
+        if (in_window && (end || window != cur)) { /* the window ends: its copies completed */
+            for (int i = 0; i < n_loading; i++) ec_loaded(c, loading[i]);
+            n_loading = 0;
+            in_window = 0;
+            if (++n_windows % interval == 0) {
+                const int m = ec_plan_round(c, sw, p.n_slots);
+                for (int i = 0; i < m; i++) ec_loaded(c, sw[i].slot);
+            }
+        }
+        if (end) break;
+        cur = window;
+        in_window = 1;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k + 1));
+        for (long i = 0; i < n * k; i++) {
+            long e = -1;
+            if (scanf("%ld", &e) != 1) fprintf(stderr, "replay: a line is short of expert ids\n");
+            ids[i] = (int32_t)e;
+            ec_note(c, (int32_t)layer, (int32_t)e);
+        }
+        for (long i = 0; i < n * k; i++) {
+            int seen = 0;
+            for (long j = 0; j < i; j++) seen |= ids[j] == ids[i];
+            int32_t s;
+            if (!seen && ec_lookup(c, (int32_t)layer, ids[i]) < 0 && ec_admit(c, (int32_t)layer, ids[i], &s))
+                loading[n_loading++] = s;
+        }
+        free(ids);
+    }
+    const ec_stats st = ec_get_stats(c);
+    printf("%llu %llu\n", (unsigned long long)st.hits, (unsigned long long)st.lookups);
+    free(loading);
+    free(sw);
+    ec_free(c);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--replay") == 0) return replay(argc, argv);
     test_params();
     test_admit_fills_free_slots_only();
     test_threshold();

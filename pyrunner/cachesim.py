@@ -57,8 +57,9 @@ POLICIES = ("hotness", "lru", "lfu", "belady")
 HOT_MAX_SWAPS = 96
 HOT_MIN_DIFF = 1.5
 HOT_DECAY = 0.7
-# Windows between two adjustment rounds (the scheduler's setting; see `simulate`).
-HOT_INTERVAL = 8
+# Windows between two adjustment rounds: the scheduler's default (adjust_interval in
+# native/src/moe/offload.c); a setting in both.
+HOT_INTERVAL = 32
 
 
 class TraceError(ValueError):

@@ -515,7 +515,7 @@ def batch(in_path, out_path, max_tokens, quiet, **kwargs):
 @click.option("--policy", type=click.Choice(["hotness", "lru", "lfu", "belady"]), default="hotness", show_default=True,
               help="Replacement policy; belady is the clairvoyant optimum.")
 @click.option("--interval", type=int, default=None,
-              help="hotness: windows between adjustment rounds [default: 8].")
+              help="hotness: windows between adjustment rounds [default: 32, as the engine].")
 @click.option("--experts", "n_expert", type=int, default=None,
               help="Experts per layer, for a percentage capacity (default: the largest id in the trace + 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print {policy, capacity, hits, lookups, hit_rate} as JSON.")

@@ -22,7 +22,8 @@ DEVICES = {"cpu": lib.STRATA_DEVICE_CPU, "sim": lib.STRATA_DEVICE_SIM, "cuda": l
 _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "cache_swaps": "cache_swaps",
                  "pcie_groups": "pcie_groups", "pcie_bytes": "pcie_bytes", "cpu_groups": "cpu_groups",
                  "cpu_s": "cpu_s", "skipped_experts": "skipped_experts", "cpu_bytes": "cpu_bytes",
-                 "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows"}
+                 "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows",
+                 "prefill_chunks": "prefill_chunks", "borrowed_slots": "borrowed_slots"}
 
 
 def _env_float(name: str):
@@ -58,13 +59,16 @@ class Model:
     def __init__(self, path, threads: int | None = None, n_ctx: int = 32768, device: str = "cpu",
                  cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
                  mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
-                 sim_link_gbps: float | None = None, tail_skip: int | None = None):
+                 sim_link_gbps: float | None = None, tail_skip: int | None = None,
+                 prefill_stream_min: int | None = None):
         """device: "cpu" (every expert on the CPU pool), "sim" (a simulated GPU: host memory, a
         copy engine of sim_link_gbps GB/s, default 16) or "cuda"; cache_gib: device memory for
         resident experts; pcie_frac: share of missing experts sent over the link (None: from the
         link probe, then adapted by pyrunner.controller during generation); tail_skip: rank K from
         which a non-resident expert is skipped (None: STRATA_ROUTE_TAIL_SKIP, else DESIGN §4's
-        default: 7 on the offload path while the cache holds < 90 % of expert bytes, off on cpu)."""
+        default: 7 on the offload path while the cache holds < 90 % of expert bytes, off on cpu);
+        prefill_stream_min: a forward step of at least this many tokens streams every missing expert
+        through the device's staging ring, borrowing cache slots (default 1024)."""
         path = os.fspath(path)
         if device not in DEVICES:
             raise ValueError(f"device {device!r}: choose one of {', '.join(DEVICES)}")
@@ -99,6 +103,8 @@ class Model:
         p.pcie_frac = -1.0 if pcie_frac is None else float(pcie_frac)
         p.sim_link_gbps = float(sim_link_gbps)
         p.tail_skip = int(tail_skip)
+        if prefill_stream_min is not None:
+            p.prefill_stream_min = int(prefill_stream_min)
         out = ffi.new("strata_model **")
         check(lib.strata_model_load(path.encode(), p, out))
         self._ptr = ffi.gc(out[0], lib.strata_model_free)
@@ -160,6 +166,11 @@ class Model:
         """Write every MoE layer's routing per window to `path` as JSON lines (None stops); the
         format is pyrunner.cachesim's, so `strata cache-sim` can replay it."""
         check(lib.strata_model_trace_routing(self._ptr, os.fspath(path).encode() if path is not None else ffi.NULL))
+
+    def device_events(self, path=None) -> None:
+        """Device event log (sim): device_events() starts recording; device_events(path) writes the
+        copies and computations recorded since (JSON lines) and stops."""
+        check(lib.strata_model_device_events(self._ptr, os.fspath(path).encode() if path is not None else ffi.NULL))
 
     def set_pcie_frac(self, frac: float) -> None:
         check(lib.strata_model_set_pcie_frac(self._ptr, float(frac)))

@@ -139,3 +139,44 @@ def test_offload_arguments(tiny):
     st = auto.offload_stats()
     assert 0 < st["probe_gbps"] <= 4.5
     assert st["pcie_frac"] == pytest.approx(min(1.0, 0.55 * st["probe_gbps"] / 20), rel=1e-4)
+
+
+def test_prefill_streams_through_the_staging_ring(tiny, reference, tmp_path):
+    """A prefill step of >= prefill_stream_min tokens sends every missing expert over the link
+    through a ring of staging slots plus borrowed cache slots; the event log of the sim device shows
+    the ring's order: a copy into a slot starts only after the last computation reading it ended
+    ("used"), a computation on a copied slot only after its copy ended ("copied"); copies overlap
+    computations; the numbers are the CPU's."""
+    prompt, want, want_rows = reference
+    m = Model(tiny, threads=2, n_ctx=256, kv_type="f32", device="sim", pcie_frac=0.0, tail_skip=0,
+              cache_gib=0.3 * _routed_bytes(tiny) / 2**30, prefill_stream_min=8, sim_link_gbps=2)
+    m.device_events()
+    s = m.session()
+    got = s.eval(prompt)                      # one 24-token step: streamed
+    log = tmp_path / "events.jsonl"
+    m.device_events(log)
+    assert np.abs(got - want_rows[0]).max() <= 1e-4
+    st = m.offload_stats()
+    assert st["prefill_chunks"] == 1 and st["borrowed_slots"] > 0
+    assert st["cpu_groups"] == 0, "a streamed prefill left missing experts to the CPU"
+    assert st["pcie_groups"] > 0
+    ev = [json.loads(line) for line in log.read_text().splitlines()]
+    copies = {e["seq"]: e for e in ev if e["engine"] == "copy"}
+    computes = sorted((e for e in ev if e["engine"] == "compute"), key=lambda e: e["seq"])
+    assert copies and computes
+    for c in computes:                        # "copied": a computation starts after its copy ended
+        if c["after"]:
+            assert copies[c["after"]]["t1"] <= c["t0"]
+    by_seq = {c["seq"]: c for c in computes}
+    for cp in copies.values():                # "used": a copy starts after the slot's last reader ended
+        if cp["after"]:
+            assert cp["slot"] in by_seq[cp["after"]]["slots"]
+            assert by_seq[cp["after"]]["t1"] <= cp["t0"]
+    reuse = [cp for cp in copies.values() if cp["after"]]
+    assert reuse, "no staging slot was reused within the chunk (the ring never wrapped)"
+    overlap = any(cp["t0"] < c["t1"] and c["t0"] < cp["t1"] for cp in copies.values() for c in computes)
+    assert overlap, "copies never overlapped computations"
+    # decode steps after it are not streamed (one token), and the borrowed slots came back
+    for t in want[:4]:
+        s.eval([t])
+    assert m.offload_stats()["prefill_chunks"] == 1

@@ -308,6 +308,8 @@ typedef struct strata_model_params {
                             every token ranks >= K (0-based) when not resident */
     int32_t n_staging;   /* device staging slots for missing experts; default 4 */
     int32_t adjust_interval; /* windows between expert-cache adjustment rounds; default 32 */
+    int32_t prefill_stream_min; /* a forward step of at least this many tokens streams every missing
+                            expert through the staging ring (borrowing cache slots); default 1024 */
     int32_t ple_mode;    /* strata_ple_mode: how the PLE table is read; default STRATA_PLE_AUTO */
 } strata_model_params;
 
@@ -362,10 +364,16 @@ typedef struct strata_offload_stats {
     double copy_s;           /* copy-engine busy time */
     double device_s;         /* device compute time */
     uint64_t windows;
+    uint64_t prefill_chunks;  /* forward steps that streamed every missing expert */
+    uint64_t borrowed_slots;  /* cache slots lent to their staging rings (summed over layers) */
 } strata_offload_stats;
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
 /* The share of missing expert groups sent over the link from now on (the controller's output). */
 strata_status strata_model_set_pcie_frac(strata_model *m, float pcie_frac);
+/* Device event log (SIM): path == NULL clears the log and starts recording; a path writes the
+ * recorded operations as JSON lines {"engine": "copy"|"compute", "seq", "after", "slot", "slots",
+ * "t0", "t1"} and stops recording. UNSUPPORTED without a device. */
+strata_status strata_model_device_events(strata_model *m, const char *path);
 /* One line on how the offload engine was set up (device, slots, probe, pcie_frac, tail skip and
  * why); static until the model is freed. */
 const char *strata_model_offload_log(const strata_model *m);

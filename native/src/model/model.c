@@ -35,6 +35,7 @@ strata_model_params strata_model_default_params(void) {
     p.tail_skip = -1;
     p.n_staging = 4;
     p.adjust_interval = 32;
+    p.prefill_stream_min = 1024;
     return p;
 }
 

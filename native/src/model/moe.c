@@ -152,7 +152,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         for (int64_t e = 0; e < Ne; e++) min_rank[e] = INT32_MAX;
         for (int64_t i = 0; i < L * K; i++)
             if ((int32_t)(i % K) < min_rank[pick[i]]) min_rank[pick[i]] = (int32_t)(i % K);
-        off_begin(m, il, Ne, count, min_rank, kind, dslot);
+        off_begin(m, il, L, Ne, count, min_rank, kind, dslot);
         locked = 1;
         free(min_rank);
         if ((rc = off_submit(m, il, Ne, count, kind, dslot, xg, out, &dev_seq))) goto done;

@@ -7,15 +7,18 @@
  * built with CUDA and a GPU is present). The `cpu` device is no device at all: the scheduler then
  * runs every expert on the ExpertPool.
  *
- * Ordering protocol (one submitting thread: the model thread):
- *   - every submit (copy or compute) gets the next sequence number; operations complete in
- *     submission order; `done` is the last completed sequence number, written by the device thread
- *     with a release store after the operation's effects (slot bytes, output rows) are in place;
- *   - the submitter reads `done` with an acquire load (dev_done) or blocks in dev_wait(seq) until
- *     done ≥ seq; only then may it read a compute's outputs or treat a copy's slot as loaded;
- *   - a slot may be overwritten by a copy only when no submitted computation that reads it is still
- *     pending: the scheduler keeps, per slot, the sequence number of its last reader and checks it
- *     (or relies on in-order completion: a copy submitted after a compute completes after it).
+ * Ordering protocol (one submitting thread: the model thread). The device has two engines, as a
+ * GPU has a copy stream and a compute stream:
+ *   - every copy gets the next copy sequence number, every computation the next compute sequence
+ *     number; each engine completes its operations in submission order and publishes the last
+ *     completed number (copies_done / computes_done) with a release store after the operation's
+ *     effects (slot bytes, output rows) are in place;
+ *   - a computation names the copy it needs (`after_copy`: it starts once copies_done ≥ it), a
+ *     copy names the computation that must be finished before its slot is overwritten
+ *     (`after_compute`: the last computation that reads the slot) — the "copied" and "used"
+ *     events of DESIGN §4's staging ring;
+ *   - the submitter reads the counters with acquire loads (mdev_*_done) or blocks in
+ *     mdev_wait_*; only then may it read a computation's outputs or publish a copied slot.
  * A blob is [gate rows | up rows | down rows] of one (layer, expert), still quantized; `gate` holds
  * the 2·Fe fused rows when the file has ffn_gate_up_exps (then up_bytes = 0).
  */
@@ -61,17 +64,36 @@ typedef struct {
 
 strata_status mdev_create(const mdev_params *p, mdev **out);
 void mdev_free(mdev *d);
-/* Queue a copy of `bytes` (in up to three pieces: the blob's matrices) into slot. */
-strata_status mdev_copy(mdev *d, int32_t slot, const void *const src[3], const size_t bytes[3], uint64_t *seq);
-/* Queue computations (groups are copied; x and out must stay valid until done ≥ seq). */
-strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t *seq);
-uint64_t mdev_done(mdev *d);
-void mdev_wait(mdev *d, uint64_t seq);
+/* Queue a copy of a blob (up to three pieces: its matrices) into slot, to start once computation
+ * after_compute (0: none) finished; *seq = its copy number. */
+strata_status mdev_copy(mdev *d, int32_t slot, const void *const src[3], const size_t bytes[3],
+                        uint64_t after_compute, uint64_t *seq);
+/* Queue computations (groups are copied; x and out must stay valid until done), to start once copy
+ * after_copy (0: none) completed; *seq = its compute number. */
+strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t after_copy, uint64_t *seq);
+uint64_t mdev_copies_done(mdev *d);
+uint64_t mdev_computes_done(mdev *d);
+void mdev_wait_copy(mdev *d, uint64_t seq);
+void mdev_wait_compute(mdev *d, uint64_t seq);
 /* Timed host -> device copy of `bytes`, best of reps, in GB/s (the link probe). */
 double mdev_probe(mdev *d, size_t bytes, int reps);
 /* Totals since creation: bytes copied, seconds the copy engine was busy, seconds computing. */
 void mdev_counters(mdev *d, uint64_t *copy_bytes, double *copy_s, double *compute_s);
 const char *mdev_name(const mdev *d);
+
+/* Event log (tests and traces): every operation's engine, slot, number, dependency and its start and
+ * end times (seconds, CLOCK_MONOTONIC). Off by default; mdev_events copies out up to cap events in
+ * completion order per engine and returns how many were recorded. */
+typedef struct {
+    int32_t engine;        /* 0 copy, 1 compute */
+    int32_t slot;          /* copy: its slot; compute: the first group's slot */
+    uint64_t seq, after;   /* its number, the other engine's number it waited for */
+    int32_t n_slots;       /* compute: slots read (up to 8 listed) */
+    int32_t slots[8];
+    double t0, t1;
+} mdev_event;
+void mdev_events_enable(mdev *d, int on);
+int64_t mdev_events(mdev *d, mdev_event *out, int64_t cap);
 
 /* The expert FFN on the CPU, shared by the sim device and tests: the same calls and rounding as
  * the ExpertPool path in model/moe.c. */

@@ -1,9 +1,11 @@
 /*
- * device_sim.c — the `sim` device: slots in host memory, one device thread that executes the queue
- * in order, and a copy engine that takes bytes / link_gbps seconds per copy (it copies, then
- * sleeps for the rest of that time), so the cache, staging and controller logic see a link of the
- * configured speed. Computations run on the device thread with the CPU kernels (the same calls
- * as the ExpertPool), so `sim` and `cpu` give the same numbers. Protocol: device.h.
+ * device_sim.c — the `sim` device: slots in host memory and two engine threads, as a GPU has a
+ * copy stream and a compute stream. The copy engine paces itself to link_gbps (a copy ends
+ * bytes / bandwidth after the later of its start and the previous copy's end); the compute engine
+ * runs expert FFNs with the CPU kernels (the same calls as the ExpertPool), so `sim` and `cpu` give
+ * the same numbers. Each operation waits for its dependency on the other engine (device.h).
+ * One mutex guards both queues, both counters' slow paths and the event log; the counters are
+ * also atomics so the model thread can poll them without the lock.
  */
 #include "device.h"
 
@@ -15,34 +17,6 @@
 
 #include "kernels/cpu/matmul.h"
 #include "util/error.h"
-
-enum { OP_COPY = 1, OP_COMPUTE = 2 };
-
-typedef struct {
-    int type;
-    int32_t slot;
-    const void *src[3];
-    size_t bytes[3];
-    mdev_group *g;
-    int ng;
-} sim_op;
-
-struct mdev {
-    mdev_params p;
-    char *mem;                 /* n_slots x slot_bytes */
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    sim_op *q;
-    int cap, head, count;
-    uint64_t submitted;        /* model thread only */
-    _Atomic uint64_t done;
-    int stop;
-    /* counters, written by the device thread under mu */
-    uint64_t copy_bytes;
-    double copy_s, compute_s;
-    double vclock;             /* device thread: when the copy engine is free again */
-};
 
 static double now_s(void) {
     struct timespec ts;
@@ -86,58 +60,127 @@ done:
     return rc;
 }
 
-static void run_op(mdev *d, sim_op *op) {
-    if (op->type == OP_COPY) {
-        const double t0 = now_s();
-        char *dst = d->mem + (size_t)op->slot * d->p.slot_bytes;
-        size_t total = 0;
-        for (int k = 0; k < 3; k++) {
-            if (op->bytes[k]) memcpy(dst + total, op->src[k], op->bytes[k]);
-            total += op->bytes[k];
-        }
-        /* the link's clock: this copy ends bytes/bandwidth after the later of now and the end of
-         * the previous copy; sleep only when more than 50 us ahead (nanosleep's own cost), so many
-         * small copies are paced in bulk and still average the configured bandwidth */
-        if (d->p.link_gbps > 0) {
-            if (d->vclock < t0) d->vclock = t0;
-            d->vclock += (double)total / (d->p.link_gbps * 1e9);
-            const double ahead = d->vclock - now_s();
-            if (ahead > 50e-6) sleep_s(ahead);
-        }
-        pthread_mutex_lock(&d->mu);
-        d->copy_bytes += total;
-        d->copy_s += now_s() - t0;
-        pthread_mutex_unlock(&d->mu);
+typedef struct {
+    int32_t slot;
+    const void *src[3];
+    size_t bytes[3];
+    mdev_group *g;
+    int ng;
+    uint64_t after;        /* the other engine's number to wait for */
+} sim_op;
+
+typedef struct {
+    sim_op *q;
+    int cap, head, count;
+    uint64_t submitted;
+    _Atomic uint64_t done;
+    pthread_t th;
+} engine;
+
+struct mdev {
+    mdev_params p;
+    char *mem;                 /* n_slots x slot_bytes */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* any change: work queued, an operation done, stop */
+    engine eng[2];             /* 0 copy, 1 compute */
+    int stop;
+    uint64_t copy_bytes;       /* counters, under mu */
+    double copy_s, compute_s;
+    double vclock;             /* copy thread: when the link is free again */
+    int log_on;
+    mdev_event *log;
+    int64_t n_log, cap_log;
+};
+
+typedef struct { mdev *d; int which; } eng_arg;
+
+static void log_event(mdev *d, int which, const sim_op *op, uint64_t seq, double t0, double t1) {
+    if (!d->log_on) return;
+    if (d->n_log == d->cap_log) {
+        const int64_t nc = d->cap_log ? 2 * d->cap_log : 1024;
+        mdev_event *nl = realloc(d->log, (size_t)nc * sizeof *nl);
+        if (!nl) return;
+        d->log = nl;
+        d->cap_log = nc;
+    }
+    mdev_event *e = &d->log[d->n_log++];
+    memset(e, 0, sizeof *e);
+    e->engine = which;
+    e->seq = seq;
+    e->after = op->after;
+    e->t0 = t0;
+    e->t1 = t1;
+    if (which == 0) {
+        e->slot = op->slot;
     } else {
-        const double t0 = now_s();
-        for (int i = 0; i < op->ng; i++) {
-            const mdev_group *g = &op->g[i];
-            /* errors (allocation) leave the rows at 0: the scheduler checks a status word */
-            if (mdev_expert_ffn(g->shape, d->mem + (size_t)g->slot * d->p.slot_bytes, g->sg, g->su, d->p.isa,
-                                g->x, g->n, g->out) != STRATA_OK)
-                memset(g->out, 0, (size_t)(g->n * g->shape->E) * sizeof(float));
-        }
-        free(op->g);
-        pthread_mutex_lock(&d->mu);
-        d->compute_s += now_s() - t0;
-        pthread_mutex_unlock(&d->mu);
+        e->slot = op->ng ? op->g[0].slot : -1;
+        e->n_slots = op->ng;
+        for (int i = 0; i < op->ng && i < 8; i++) e->slots[i] = op->g[i].slot;
     }
 }
 
-static void *device_main(void *arg) {
-    mdev *d = arg;
+static void run_copy(mdev *d, sim_op *op) {
+    const double t0 = now_s();
+    char *dst = d->mem + (size_t)op->slot * d->p.slot_bytes;
+    size_t total = 0;
+    for (int k = 0; k < 3; k++) {
+        if (op->bytes[k]) memcpy(dst + total, op->src[k], op->bytes[k]);
+        total += op->bytes[k];
+    }
+    /* pace to the link: sleep only when more than 50 us ahead (nanosleep's own cost), so many
+     * small copies are paced in bulk and still average the configured bandwidth */
+    if (d->p.link_gbps > 0) {
+        if (d->vclock < t0) d->vclock = t0;
+        d->vclock += (double)total / (d->p.link_gbps * 1e9);
+        const double ahead = d->vclock - now_s();
+        if (ahead > 50e-6) sleep_s(ahead);
+    }
+    pthread_mutex_lock(&d->mu);
+    d->copy_bytes += total;
+    d->copy_s += now_s() - t0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void run_compute(mdev *d, sim_op *op) {
+    const double t0 = now_s();
+    for (int i = 0; i < op->ng; i++) {
+        const mdev_group *g = &op->g[i];
+        /* an allocation failure leaves zero rows (the expert's contribution is lost, not garbage) */
+        if (mdev_expert_ffn(g->shape, d->mem + (size_t)g->slot * d->p.slot_bytes, g->sg, g->su, d->p.isa, g->x,
+                            g->n, g->out) != STRATA_OK)
+            memset(g->out, 0, (size_t)(g->n * g->shape->E) * sizeof(float));
+    }
+    pthread_mutex_lock(&d->mu);
+    d->compute_s += now_s() - t0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void *engine_main(void *arg) {
+    mdev *d = ((eng_arg *)arg)->d;
+    const int which = ((eng_arg *)arg)->which;
+    free(arg);
+    engine *e = &d->eng[which], *other = &d->eng[1 - which];
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->count && !d->stop) pthread_cond_wait(&d->cv_work, &d->mu);
-        if (!d->count && d->stop) break;
-        sim_op op = d->q[d->head];
+        while (!d->stop && (!e->count ||
+                            atomic_load_explicit(&other->done, memory_order_acquire) < e->q[e->head].after))
+            pthread_cond_wait(&d->cv, &d->mu);
+        if (d->stop && !e->count) break;
+        if (d->stop && atomic_load_explicit(&other->done, memory_order_acquire) < e->q[e->head].after) break;
+        sim_op op = e->q[e->head];
+        const uint64_t seq = atomic_load_explicit(&e->done, memory_order_relaxed) + 1;
         pthread_mutex_unlock(&d->mu);
-        run_op(d, &op);
+        const double t0 = now_s();
+        if (which == 0) run_copy(d, &op);
+        else run_compute(d, &op);
+        const double t1 = now_s();
         pthread_mutex_lock(&d->mu);
-        d->head = (d->head + 1) % d->cap;
-        d->count--;
-        atomic_fetch_add_explicit(&d->done, 1, memory_order_release);
-        pthread_cond_broadcast(&d->cv_done);
+        log_event(d, which, &op, seq, t0, t1);
+        free(op.g);
+        e->head = (e->head + 1) % e->cap;
+        e->count--;
+        atomic_store_explicit(&e->done, seq, memory_order_release);
+        pthread_cond_broadcast(&d->cv);
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -152,19 +195,34 @@ strata_status mdev_create(const mdev_params *p, mdev **out) {
     if (!d) return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory");
     d->p = *p;
     d->mem = malloc((size_t)p->n_slots * p->slot_bytes);
-    d->cap = 1024;
-    d->q = malloc((size_t)d->cap * sizeof(sim_op));
-    if (!d->mem || !d->q) {
-        free(d->mem); free(d->q); free(d);
+    for (int w = 0; w < 2; w++) {
+        d->eng[w].cap = 256;
+        d->eng[w].q = malloc((size_t)d->eng[w].cap * sizeof(sim_op));
+        atomic_store(&d->eng[w].done, 0);
+    }
+    if (!d->mem || !d->eng[0].q || !d->eng[1].q) {
+        free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
         return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory for %d slots of %zu bytes", p->n_slots, p->slot_bytes);
     }
     pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->cv_work, NULL);
-    pthread_cond_init(&d->cv_done, NULL);
-    atomic_store(&d->done, 0);
-    if (pthread_create(&d->th, NULL, device_main, d)) {
-        free(d->mem); free(d->q); free(d);
-        return strata_fail(STRATA_ERR_INTERNAL, "sim device: cannot start its thread");
+    pthread_cond_init(&d->cv, NULL);
+    for (int w = 0; w < 2; w++) {
+        eng_arg *a = malloc(sizeof *a);
+        if (a) { a->d = d; a->which = w; }
+        if (!a || pthread_create(&d->eng[w].th, NULL, engine_main, a)) {
+            free(a);
+            if (w == 1) {   /* stop the copy engine that did start */
+                pthread_mutex_lock(&d->mu);
+                d->stop = 1;
+                pthread_cond_broadcast(&d->cv);
+                pthread_mutex_unlock(&d->mu);
+                pthread_join(d->eng[0].th, NULL);
+            }
+            pthread_mutex_destroy(&d->mu);
+            pthread_cond_destroy(&d->cv);
+            free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
+            return strata_fail(STRATA_ERR_INTERNAL, "sim device: cannot start its threads");
+        }
     }
     *out = d;
     return STRATA_OK;
@@ -172,74 +230,91 @@ strata_status mdev_create(const mdev_params *p, mdev **out) {
 
 void mdev_free(mdev *d) {
     if (!d) return;
+    /* let queued work finish (the scheduler has waited for what it needs; loads may be in flight) */
+    for (int w = 0; w < 2; w++) {
+        pthread_mutex_lock(&d->mu);
+        const uint64_t last = d->eng[w].submitted;
+        pthread_mutex_unlock(&d->mu);
+        if (w == 0) mdev_wait_copy(d, last);
+        else mdev_wait_compute(d, last);
+    }
     pthread_mutex_lock(&d->mu);
     d->stop = 1;
-    pthread_cond_broadcast(&d->cv_work);
+    pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    pthread_join(d->th, NULL);
-    for (int i = 0; i < d->count; i++) free(d->q[(d->head + i) % d->cap].g);
+    for (int w = 0; w < 2; w++) pthread_join(d->eng[w].th, NULL);
+    for (int w = 0; w < 2; w++) {
+        engine *e = &d->eng[w];
+        for (int i = 0; i < e->count; i++) free(e->q[(e->head + i) % e->cap].g);
+        free(e->q);
+    }
     pthread_mutex_destroy(&d->mu);
-    pthread_cond_destroy(&d->cv_work);
-    pthread_cond_destroy(&d->cv_done);
+    pthread_cond_destroy(&d->cv);
+    free(d->log);
     free(d->mem);
-    free(d->q);
     free(d);
 }
 
-static strata_status submit(mdev *d, sim_op *op, uint64_t *seq) {
+static strata_status submit(mdev *d, int which, sim_op *op, uint64_t *seq) {
+    engine *e = &d->eng[which];
     pthread_mutex_lock(&d->mu);
-    if (d->count == d->cap) {
-        const int nc = d->cap * 2;
+    if (e->count == e->cap) {
+        const int nc = e->cap * 2;
         sim_op *nq = malloc((size_t)nc * sizeof(sim_op));
         if (!nq) {
             pthread_mutex_unlock(&d->mu);
             return strata_fail(STRATA_ERR_NOMEM, "sim device: queue full and no memory to grow it");
         }
-        for (int i = 0; i < d->count; i++) nq[i] = d->q[(d->head + i) % d->cap];
-        free(d->q);
-        d->q = nq;
-        d->cap = nc;
-        d->head = 0;
+        for (int i = 0; i < e->count; i++) nq[i] = e->q[(e->head + i) % e->cap];
+        free(e->q);
+        e->q = nq;
+        e->cap = nc;
+        e->head = 0;
     }
-    d->q[(d->head + d->count) % d->cap] = *op;
-    d->count++;
-    *seq = ++d->submitted;
-    pthread_cond_signal(&d->cv_work);
+    e->q[(e->head + e->count) % e->cap] = *op;
+    e->count++;
+    *seq = ++e->submitted;
+    pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
     return STRATA_OK;
 }
 
-strata_status mdev_copy(mdev *d, int32_t slot, const void *const src[3], const size_t bytes[3], uint64_t *seq) {
+strata_status mdev_copy(mdev *d, int32_t slot, const void *const src[3], const size_t bytes[3],
+                        uint64_t after_compute, uint64_t *seq) {
     if (slot < 0 || slot >= d->p.n_slots || bytes[0] + bytes[1] + bytes[2] > d->p.slot_bytes)
         return strata_fail(STRATA_ERR_INTERNAL, "sim device: copy of %zu bytes into slot %d does not fit",
                            bytes[0] + bytes[1] + bytes[2], slot);
-    sim_op op = {.type = OP_COPY, .slot = slot};
+    sim_op op = {.slot = slot, .after = after_compute};
     for (int k = 0; k < 3; k++) { op.src[k] = src[k]; op.bytes[k] = bytes[k]; }
-    return submit(d, &op, seq);
+    return submit(d, 0, &op, seq);
 }
 
-strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t *seq) {
-    sim_op op = {.type = OP_COMPUTE, .ng = n};
+strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t after_copy, uint64_t *seq) {
+    sim_op op = {.ng = n, .after = after_copy};
     op.g = malloc((size_t)(n > 0 ? n : 1) * sizeof(mdev_group));
     if (!op.g) return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory");
     memcpy(op.g, groups, (size_t)n * sizeof(mdev_group));
-    strata_status rc = submit(d, &op, seq);
+    strata_status rc = submit(d, 1, &op, seq);
     if (rc) free(op.g);
     return rc;
 }
 
-uint64_t mdev_done(mdev *d) { return atomic_load_explicit(&d->done, memory_order_acquire); }
+uint64_t mdev_copies_done(mdev *d) { return atomic_load_explicit(&d->eng[0].done, memory_order_acquire); }
+uint64_t mdev_computes_done(mdev *d) { return atomic_load_explicit(&d->eng[1].done, memory_order_acquire); }
 
-void mdev_wait(mdev *d, uint64_t seq) {
+static void wait_engine(mdev *d, int which, uint64_t seq) {
     for (int i = 0; i < 2000; i++)
-        if (mdev_done(d) >= seq) return;
+        if (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) >= seq) return;
     pthread_mutex_lock(&d->mu);
-    while (atomic_load_explicit(&d->done, memory_order_acquire) < seq) pthread_cond_wait(&d->cv_done, &d->mu);
+    while (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) < seq) pthread_cond_wait(&d->cv, &d->mu);
     pthread_mutex_unlock(&d->mu);
 }
 
+void mdev_wait_copy(mdev *d, uint64_t seq) { wait_engine(d, 0, seq); }
+void mdev_wait_compute(mdev *d, uint64_t seq) { wait_engine(d, 1, seq); }
+
 double mdev_probe(mdev *d, size_t bytes, int reps) {
-    /* copies of one slot, repeated to at least `bytes` per pass (a pinned-copy probe in effect) */
+    /* copies of one slot, repeated to at least `bytes` per pass */
     const size_t piece = d->p.slot_bytes;
     const int per_pass = (int)((bytes + piece - 1) / piece);
     char *src = malloc(piece);
@@ -252,14 +327,13 @@ double mdev_probe(mdev *d, size_t bytes, int reps) {
         uint64_t seq = 0;
         const double t0 = now_s();
         for (int k = 0; k < per_pass; k++)
-            if (mdev_copy(d, 0, s, b, &seq) != STRATA_OK) break;
-        mdev_wait(d, seq);
+            if (mdev_copy(d, 0, s, b, 0, &seq) != STRATA_OK) break;
+        mdev_wait_copy(d, seq);
         const double g = (double)piece * per_pass / (now_s() - t0) / 1e9;
         if (g > best) best = g;
     }
     free(src);
-    /* the probe's copies are not part of the workload */
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&d->mu);   /* the probe is not part of the workload */
     d->copy_bytes = 0;
     d->copy_s = 0.0;
     pthread_mutex_unlock(&d->mu);
@@ -275,3 +349,18 @@ void mdev_counters(mdev *d, uint64_t *copy_bytes, double *copy_s, double *comput
 }
 
 const char *mdev_name(const mdev *d) { return d->p.kind == MDEV_SIM ? "sim" : "cuda"; }
+
+void mdev_events_enable(mdev *d, int on) {
+    pthread_mutex_lock(&d->mu);
+    d->log_on = on;
+    d->n_log = 0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int64_t mdev_events(mdev *d, mdev_event *out, int64_t cap) {
+    pthread_mutex_lock(&d->mu);
+    const int64_t n = d->n_log;
+    if (out) memcpy(out, d->log, (size_t)(n < cap ? n : cap) * sizeof *out);
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}

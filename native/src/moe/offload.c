@@ -3,13 +3,16 @@
  *
  * Per MoE layer and window (model/moe.c drives it):
  *   off_begin      lock; publish finished loads; for every active expert group: note its picks
- *                  (heat), look it up: resident → device; missing → tail skip (if on and every
- *                  token ranks it ≥ K), else admitted into a free cache slot (copy, then device),
- *                  else one of the pcie_frac share of missing groups (copy into a staging slot, then
- *                  device), else the CPU pool;
- *   off_submit     copies and one device computation for every device group (before the CPU works);
- *   off_finish     wait for the device, count, run an adjustment round every adjust_interval
- *                  windows (its copies are queued now and published later), unlock.
+ *                  (heat), look it up: resident → device (its slot pinned for this layer); missing →
+ *                  tail skip (if on and every token ranks it ≥ K), else admitted into a free cache
+ *                  slot (copy, then device), else staged: in a prefill chunk of ≥ stream_min tokens
+ *                  every missing group streams through the staging ring (plus cache slots borrowed
+ *                  for the chunk), otherwise the pcie_frac share of them; the rest → the CPU pool;
+ *   off_submit     one computation for the resident groups, then per staged/admitted group a copy
+ *                  (after the last computation that read its slot: "used") and its computation
+ *                  (after that copy: "copied"), so copies overlap the computations before them;
+ *   off_finish     wait for the device, unpin, give borrowed slots back, count, run an adjustment
+ *                  round every adjust_interval windows (copies queued now, published later), unlock.
  */
 #include "moe/offload.h"
 
@@ -76,6 +79,7 @@ strata_status off_create(strata_model *m) {
     o->n_cache_slots = (int32_t)n_cache;
     o->n_staging = p->device == STRATA_DEVICE_SIM ? (p->n_staging > 0 ? p->n_staging : 4) : 0;
     o->adjust_interval = p->adjust_interval > 0 ? p->adjust_interval : 32;
+    o->stream_min = p->prefill_stream_min > 0 ? p->prefill_stream_min : 1024;
     const double covered = routed_bytes ? (double)n_cache * (double)o->slot_bytes / (double)routed_bytes : 0.0;
     if (p->tail_skip == 0) { o->tail_skip = 0; o->tail_skip_why = "off (asked)"; }
     else if (p->tail_skip > 0) { o->tail_skip = p->tail_skip; o->tail_skip_why = "on (asked)"; }
@@ -93,6 +97,10 @@ strata_status off_create(strata_model *m) {
         ep.n_expert = hp->n_expert;
         ep.n_slots = o->n_cache_slots;
         if ((rc = ec_create(&ep, &o->ec))) return rc;
+        o->slot_use = calloc((size_t)dp.n_slots, sizeof(uint64_t));
+        o->borrowed = malloc((size_t)(o->n_cache_slots + 1) * sizeof(int32_t));
+        o->pinned = malloc((size_t)(hp->n_expert + 1) * sizeof(int32_t));
+        if (!o->slot_use || !o->borrowed || !o->pinned) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
         o->probe_gbps = mdev_probe(o->dev, (size_t)16 << 20, 3);
     }
     /* initial share: 0.55 x probe / 20, clamped (DESIGN §4), unless given */
@@ -116,6 +124,9 @@ void off_free(strata_model *m) {
     if (o->ec) ec_free(o->ec);
     free(o->shape);
     free(o->pending);
+    free(o->slot_use);
+    free(o->borrowed);
+    free(o->pinned);
     pthread_mutex_destroy(&o->mu);
     free(o);
     m->off = NULL;
@@ -135,7 +146,7 @@ static strata_status add_pending(mdl_offload *o, int32_t slot, uint64_t seq) {
 
 static void publish_loads(mdl_offload *o) {
     if (!o->dev) return;
-    const uint64_t done = mdev_done(o->dev);
+    const uint64_t done = mdev_copies_done(o->dev);
     int32_t k = 0;
     for (int32_t i = 0; i < o->n_pending; i++) {
         if (o->pending[i].seq <= done) ec_loaded(o->ec, o->pending[i].slot);
@@ -144,12 +155,14 @@ static void publish_loads(mdl_offload *o) {
     o->n_pending = k;
 }
 
-void off_begin(strata_model *m, int il, int64_t Ne, const int64_t *count, const int32_t *min_rank, int8_t *kind,
-               int32_t *slot) {
+void off_begin(strata_model *m, int il, int64_t L, int64_t Ne, const int64_t *count, const int32_t *min_rank,
+               int8_t *kind, int32_t *slot) {
     mdl_offload *o = m->off;
     pthread_mutex_lock(&o->mu);
     publish_loads(o);
     if (il == 0) o->windows++;
+    o->n_pinned = 0;
+    o->n_borrowed = 0;
     int64_t n_missing = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e];
@@ -165,6 +178,8 @@ void off_begin(strata_model *m, int il, int64_t Ne, const int64_t *count, const 
             o->hits++;
             kind[e] = OFF_DEVICE;
             slot[e] = s;
+            ec_pin(o->ec, s);                 /* not borrowed or swapped out while this layer reads it */
+            o->pinned[o->n_pinned++] = s;
         } else if (o->tail_skip > 0 && min_rank[e] >= o->tail_skip) {
             kind[e] = OFF_SKIP;
             o->skipped++;
@@ -174,32 +189,59 @@ void off_begin(strata_model *m, int il, int64_t Ne, const int64_t *count, const 
         }
     }
     if (!o->dev) return;
-    /* missing groups: a free cache slot first (admit), then the pcie_frac share into staging */
+    const int stream = L >= o->stream_min;   /* prefill chunk: every missing group streams */
+    if (stream) o->stream_chunks += il == 0;
+    /* ring: the staging slots, plus cache slots borrowed for this chunk (up to one per missing group
+     * beyond the staging ring, at most half the cache) */
+    int32_t ring[4096];
+    int32_t n_ring = 0;
+    for (int32_t i = 0; i < o->n_staging && n_ring < 4096; i++) ring[n_ring++] = o->n_cache_slots + i;
+    if (stream && o->ec) {
+        int64_t want = n_missing - o->n_staging;
+        if (want > o->n_cache_slots / 2) want = o->n_cache_slots / 2;
+        int32_t bs;
+        while (want-- > 0 && n_ring < 4096 && ec_borrow(o->ec, &bs)) {
+            o->borrowed[o->n_borrowed++] = bs;
+            ring[n_ring++] = bs;
+        }
+        o->borrow_total += (uint64_t)o->n_borrowed;
+    }
     int64_t i_missing = 0;
+    int32_t next = 0;
     for (int64_t e = 0; e < Ne; e++) {
         if (kind[e] != OFF_CPU) continue;
         int32_t s;
-        if (o->ec && ec_admit(o->ec, il, (int32_t)e, &s)) {
+        if (!stream && o->ec && ec_admit(o->ec, il, (int32_t)e, &s)) {
             kind[e] = OFF_ADMIT;
             slot[e] = s;
             o->admits++;
             continue;
         }
-        /* spread the share evenly over the missing groups: group i goes when floor((i+1)f) > floor(i f) */
+        /* decode: spread the pcie_frac share evenly, group i goes when floor((i+1)f) > floor(i f) */
         const double f = o->pcie_frac;
-        if (o->n_staging > 0 && floor((double)(i_missing + 1) * f) > floor((double)i_missing * f)) {
+        const int go = stream || floor((double)(i_missing + 1) * f) > floor((double)i_missing * f);
+        if (n_ring > 0 && go) {
             kind[e] = OFF_STAGE;
-            slot[e] = o->n_cache_slots + o->next_staging;
-            o->next_staging = (o->next_staging + 1) % o->n_staging;
+            slot[e] = ring[next];
+            next = (next + 1) % n_ring;
         }
         i_missing++;
     }
 }
 
+static mdev_group make_group(strata_model *m, int il, int64_t e, int32_t slot, const float *x, int64_t n, float *out) {
+    const mdl_layer *l = &m->layers[il];
+    mdev_group g = {.shape = &m->off->shape[il], .slot = slot,
+                    .sg = l->exp_gate.scale ? l->exp_gate.scale[l->exp_gate.n_scale == 1 ? 0 : e] : 1.0f,
+                    .su = l->exp_up.scale ? l->exp_up.scale[l->exp_up.n_scale == 1 ? 0 : e] : 1.0f,
+                    .x = x, .n = n, .out = out};
+    if (l->exp_fused) g.su = g.sg;
+    return g;
+}
+
 strata_status off_submit(strata_model *m, int il, int64_t Ne, const int64_t *count, const int8_t *kind,
                          const int32_t *slot, const float *xg, float *out, uint64_t *seq) {
     mdl_offload *o = m->off;
-    const mdl_layer *l = &m->layers[il];
     const int64_t E = m->hp.n_embd;
     *seq = 0;
     if (!o->dev) return STRATA_OK;
@@ -207,38 +249,28 @@ strata_status off_submit(strata_model *m, int il, int64_t Ne, const int64_t *cou
     if (!g) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
     int ng = 0;
     strata_status rc = STRATA_OK;
-    /* resident groups first, in one computation: the device starts on them at once */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int64_t e = 0; e < Ne; e++) {
-            const int copied = kind[e] == OFF_ADMIT || kind[e] == OFF_STAGE;
-            if (pass == 0 ? kind[e] != OFF_DEVICE : !copied) continue;
-            const int64_t n = count[e + 1] - count[e], r0 = count[e];
-            if (copied) {
-                const void *src[3];
-                size_t bytes[3];
-                uint64_t cs;
-                expert_src(m, il, (int32_t)e, src, bytes);
-                if ((rc = mdev_copy(o->dev, slot[e], src, bytes, &cs))) goto done;
-                if (kind[e] == OFF_ADMIT && (rc = add_pending(o, slot[e], cs))) goto done;
-                o->pcie_groups++;
-                o->pcie_bytes += bytes[0] + bytes[1] + bytes[2];
-            }
-            g[ng++] = (mdev_group){.shape = &o->shape[il], .slot = slot[e],
-                                   .sg = l->exp_gate.scale ? l->exp_gate.scale[l->exp_gate.n_scale == 1 ? 0 : e] : 1.0f,
-                                   .su = l->exp_up.scale ? l->exp_up.scale[l->exp_up.n_scale == 1 ? 0 : e] : 1.0f,
-                                   .x = xg + r0 * E, .n = n, .out = out + r0 * E};
-            if (l->exp_fused) g[ng - 1].su = g[ng - 1].sg;
-            /* a copied group computes right after its copy, before the next copy can reuse a
-             * staging slot (the queue is in order) */
-            if (pass == 1) {
-                if ((rc = mdev_compute(o->dev, g, ng, seq))) goto done;
-                ng = 0;
-            }
-        }
-        if (pass == 0 && ng) {
-            if ((rc = mdev_compute(o->dev, g, ng, seq))) goto done;
-            ng = 0;
-        }
+    /* resident groups first, in one computation: the compute engine starts on them at once */
+    for (int64_t e = 0; e < Ne; e++)
+        if (kind[e] == OFF_DEVICE) g[ng++] = make_group(m, il, e, slot[e], xg + count[e] * E, count[e + 1] - count[e],
+                                                        out + count[e] * E);
+    if (ng) {
+        if ((rc = mdev_compute(o->dev, g, ng, 0, seq))) goto done;
+        for (int i = 0; i < ng; i++) o->slot_use[g[i].slot] = *seq;
+    }
+    /* then each copied group: copy after the slot's last reader, compute after the copy */
+    for (int64_t e = 0; e < Ne; e++) {
+        if (kind[e] != OFF_ADMIT && kind[e] != OFF_STAGE) continue;
+        const void *src[3];
+        size_t bytes[3];
+        uint64_t cs;
+        expert_src(m, il, (int32_t)e, src, bytes);
+        if ((rc = mdev_copy(o->dev, slot[e], src, bytes, o->slot_use[slot[e]], &cs))) goto done;
+        if (kind[e] == OFF_ADMIT && (rc = add_pending(o, slot[e], cs))) goto done;
+        o->pcie_groups++;
+        o->pcie_bytes += bytes[0] + bytes[1] + bytes[2];
+        mdev_group one = make_group(m, il, e, slot[e], xg + count[e] * E, count[e + 1] - count[e], out + count[e] * E);
+        if ((rc = mdev_compute(o->dev, &one, 1, cs, seq))) goto done;
+        o->slot_use[slot[e]] = *seq;
     }
 done:
     free(g);
@@ -248,7 +280,11 @@ done:
 strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, uint64_t cpu_groups, uint64_t cpu_bytes) {
     mdl_offload *o = m->off;
     strata_status rc = STRATA_OK;
-    if (o->dev && seq) mdev_wait(o->dev, seq);
+    if (o->dev && seq) mdev_wait_compute(o->dev, seq);
+    for (int32_t i = 0; i < o->n_pinned; i++) ec_unpin(o->ec, o->pinned[i]);
+    o->n_pinned = 0;
+    for (int32_t i = 0; i < o->n_borrowed; i++) ec_return(o->ec, o->borrowed[i]);
+    o->n_borrowed = 0;
     o->cpu_s += cpu_s;
     o->cpu_groups += cpu_groups;
     o->cpu_bytes += cpu_bytes;
@@ -260,7 +296,8 @@ strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, ui
             size_t bytes[3];
             uint64_t cs;
             expert_src(m, sw[i].layer, sw[i].in_expert, src, bytes);
-            if (!(rc = mdev_copy(o->dev, sw[i].slot, src, bytes, &cs))) rc = add_pending(o, sw[i].slot, cs);
+            if (!(rc = mdev_copy(o->dev, sw[i].slot, src, bytes, o->slot_use[sw[i].slot], &cs)))
+                rc = add_pending(o, sw[i].slot, cs);
         }
         o->swaps += (uint64_t)n;
     }
@@ -294,6 +331,8 @@ strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *
     out->skipped_experts = o->skipped;
     out->cpu_s = o->cpu_s;
     out->windows = o->windows;
+    out->prefill_chunks = o->stream_chunks;
+    out->borrowed_slots = o->borrow_total;
     if (o->dev) {
         uint64_t cb;
         mdev_counters(o->dev, &cb, &out->copy_s, &out->device_s);
@@ -315,4 +354,29 @@ strata_status strata_model_set_pcie_frac(strata_model *m, float pcie_frac) {
 const char *strata_model_offload_log(const strata_model *m) {
     if (!m || !m->off) return g_no_offload_log;
     return m->off->log;
+}
+
+strata_status strata_model_device_events(strata_model *m, const char *path) {
+    if (!m || !m->off || !m->off->dev)
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "device events: the model runs without a device (use device sim)");
+    mdev *d = m->off->dev;
+    if (!path) {
+        mdev_events_enable(d, 1);
+        return STRATA_OK;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) return strata_fail(STRATA_ERR_IO, "device events: cannot write %s", path);
+    const int64_t n = mdev_events(d, NULL, 0);
+    mdev_event *ev = malloc((size_t)(n > 0 ? n : 1) * sizeof *ev);
+    if (!ev) { fclose(f); return strata_fail(STRATA_ERR_NOMEM, "device events: no memory"); }
+    const int64_t got = mdev_events(d, ev, n);
+    mdev_events_enable(d, 0);
+    for (int64_t i = 0; i < got && i < n; i++) {
+        fprintf(f, "{\"engine\": \"%s\", \"seq\": %llu, \"after\": %llu, \"slot\": %d, \"slots\": [",
+                ev[i].engine ? "compute" : "copy", (unsigned long long)ev[i].seq, (unsigned long long)ev[i].after, ev[i].slot);
+        for (int k = 0; k < ev[i].n_slots && k < 8; k++) fprintf(f, k ? ", %d" : "%d", ev[i].slots[k]);
+        fprintf(f, "], \"t0\": %.9f, \"t1\": %.9f}\n", ev[i].t0, ev[i].t1);
+    }
+    free(ev);
+    return fclose(f) ? strata_fail(STRATA_ERR_IO, "device events: error writing %s", path) : STRATA_OK;
 }

@@ -7,8 +7,10 @@
  * `mu` serialises them (one MoE layer of one session at a time uses the device and the cache).
  * Loads: a copy into a cache slot (admit, or a swap of an adjustment round) is remembered as
  * (slot, seq); the slot is published (ec_loaded) only once the device reports done ≥ seq.
- * Staging slots need no bookkeeping: the device queue is in order, so a copy into a staging slot
- * runs after every computation submitted before it that reads the slot.
+ * Slot reuse: every copy into a slot (staging, borrowed, admitted or swapped) names the last
+ * computation that reads the slot (slot_use) and the device starts it only after that one finished;
+ * every computation on a copied slot names its copy. Resident slots read by a layer are pinned until
+ * off_finish, so borrowing or a swap never takes a slot a queued computation still reads.
  */
 #ifndef STRATA_MOE_OFFLOAD_H
 #define STRATA_MOE_OFFLOAD_H
@@ -39,6 +41,11 @@ typedef struct mdl_offload {
     off_load *pending;
     int32_t n_pending, cap_pending;
     double probe_gbps;
+    int32_t stream_min;            /* prefill chunks of at least this many tokens stream every missing group */
+    uint64_t *slot_use;            /* per device slot: the last computation that reads it */
+    int32_t *borrowed, n_borrowed; /* cache slots lent to this chunk's staging ring */
+    int32_t *pinned, n_pinned;     /* resident slots read by this layer */
+    uint64_t borrow_total, stream_chunks;
     char log[512];
     /* counters */
     uint64_t hits, lookups, swaps, admits, pcie_groups, pcie_bytes, cpu_groups, cpu_bytes, skipped;
@@ -54,7 +61,7 @@ strata_status off_create(struct strata_model *m);
 void off_free(struct strata_model *m);
 /* Locks the engine and classifies every active expert e (count: prefix sums of rows per expert,
  * min_rank[e]: the best rank any token gave e) into kind[e] / slot[e]. */
-void off_begin(struct strata_model *m, int il, int64_t Ne, const int64_t *count, const int32_t *min_rank,
+void off_begin(struct strata_model *m, int il, int64_t L, int64_t Ne, const int64_t *count, const int32_t *min_rank,
                int8_t *kind, int32_t *slot);
 /* Queues copies and the device computation of the DEVICE / ADMIT / STAGE groups; rows of xg in,
  * rows of out filled by the device when done >= *seq (0: nothing queued). */

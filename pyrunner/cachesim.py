@@ -14,6 +14,8 @@ JSON lines, one line per (verify window, MoE layer), in the order the engine ran
   weight), as many as the model routes per token; no expert twice in one token.
 - `weights[i]`: their routing weights in the same order, as the merge multiplies them
   (written with 6 significant digits).
+- Other keys are allowed and ignored here (the offload path adds `resident` and `skipped`: the
+  experts that were device-resident and those tail skip dropped in that window).
 `write_trace_record` writes one line; `read_trace` reads a file back, naming the line of any error.
 
 The simulator

@@ -67,6 +67,12 @@ def test_trace_round_trip_and_format(tmp_path):
         cachesim.write_trace_record(io.StringIO(), 0, 0, [[1, 2]], [[0.5]])
 
 
+def test_engine_lines_with_extra_keys_parse():
+    line = '{"window": 3, "layer": 1, "tokens": [[4, 2]], "weights": [[0.7, 0.3]], "resident": [4], "skipped": []}'
+    (r,) = cachesim.parse_trace([line])
+    assert (r.window, r.layer, r.tokens, r.weights) == (3, 1, [[4, 2]], [[0.7, 0.3]])
+
+
 @pytest.mark.parametrize("line, what", [
     ("not json", "not JSON"),
     ('{"window": 0, "layer": 1}', 'missing "tokens"'),

@@ -180,3 +180,20 @@ def test_prefill_streams_through_the_staging_ring(tiny, reference, tmp_path):
     for t in want[:4]:
         s.eval([t])
     assert m.offload_stats()["prefill_chunks"] == 1
+
+
+def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
+    """With pcie_frac unset the share starts from the link probe and the controller (pyrunner.controller)
+    updates it from measured rates once enough decode windows and missing groups were seen."""
+    m = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, sim_link_gbps=8)
+    start = m.offload_stats()["pcie_frac"]
+    ban = {i: float("-inf") for i in range(300, m.n_vocab)}      # no end-of-generation token: run to -n
+    c = m.generate("The offload engine", max_tokens=90, temperature=0, logit_bias=ban)
+    assert c.stats["generated_tokens"] == 90
+    ctl = m._controller
+    assert ctl.updates >= 1, ctl.log
+    assert c.stats["pcie_frac"] == pytest.approx(ctl.pcie_frac) and ctl.pcie_frac != pytest.approx(start)
+    assert "pcie_frac" in capsys.readouterr().err
+    fixed = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, pcie_frac=0.3)
+    c = fixed.generate("The offload engine", max_tokens=60, temperature=0, logit_bias=ban)
+    assert c.stats["pcie_frac"] == pytest.approx(0.3)

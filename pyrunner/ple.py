@@ -196,6 +196,17 @@ def model_info(model) -> dict:
             "path": ffi.string(info.path).decode(), "file_offset": int(info.file_offset)}
 
 
+def describe(model) -> str:
+    """One start-up log line: where the table is read from, its size, the access mode and why."""
+    i = model_info(model)
+    if not i:
+        return "PLE: none"
+    where = i["path"] or "memory"
+    kind = "packed NVFP4" if i["external"] else "in the GGUF"
+    return (f"PLE table {kind} ({where}, {i['table_bytes'] / 2**30:.2f} GiB, {i['rows']:,} rows x {i['row_bytes']} B): "
+            f"{i['why']}; prefetch {'on' if i['prefetch'] else 'off'}")
+
+
 def resident(model) -> tuple[int, int]:
     """(pages of the table in the page cache, pages of the table)."""
     from ._native import check, ffi, lib

@@ -78,6 +78,12 @@ def test_mmap_reports_madv_random_and_counts_rows(tiny, reference):
     assert {"ple_read_bytes", "ple_major_faults", "ple_wait_s"} <= set(stats)
 
 
+def test_describe_names_mode_and_reason(tiny):
+    with Model(tiny, threads=1, n_ctx=32, ple_mode="direct") as m:
+        line = ple.describe(m)
+    assert line.startswith("PLE table in the GGUF (") and "direct pread (asked for" in line and "prefetch on" in line
+
+
 def test_resident_pages_count_the_table(tiny):
     with Model(tiny, threads=1, n_ctx=64) as m:
         m.session().eval(IDS[:8])

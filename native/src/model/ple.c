@@ -250,12 +250,17 @@ strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats
 
 /* ---------------------------------------------------------------- the layer */
 
-/* Bookkeeping of a submitted step, per session (a session runs one step at a time). */
+/* The step submitted on this thread and not yet consumed by mdl_ple (a forward runs on one thread and
+ * one step at a time). If forward() calls mdl_ple_submit before layer 0, the gather overlaps it. */
 static _Thread_local struct { const strata_session *s; uint64_t seq; int64_t L; } pending;
 
 strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L) {
     struct mdl_ple_engine *e = s->m->ple;
     if (!e) return STRATA_OK;
+    if (pending.s) {                   /* submitted, then the step failed before mdl_ple: free the channel */
+        ple_release(&e->worker, pending.s);
+        pending.s = NULL;
+    }
     const int64_t n = s->m->hp.ple_n;
     int32_t *h = malloc((size_t)(n - 1 + L) * sizeof(int32_t));
     if (!h) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for %lld ids", (long long)L);

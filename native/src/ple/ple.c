@@ -466,7 +466,8 @@ static void *worker_main(void *arg) {
         const uint64_t seq = atomic_load_explicit(&w->req_seq, memory_order_acquire);
         pthread_mutex_unlock(&w->mu);
         do_step(w);
-        if (w->stall_ms) usleep(w->stall_ms * 1000u);
+        const unsigned stall = atomic_load(&w->stall_ms);
+        if (stall) usleep(stall * 1000u);
         atomic_store_explicit(&w->done_seq, seq, memory_order_release);   /* rows are in place */
         pthread_mutex_lock(&w->mu);
         pthread_cond_broadcast(&w->cv);                                   /* wake a model thread waiting in step 1 */

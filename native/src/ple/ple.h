@@ -142,7 +142,7 @@ typedef struct {
     const ple_hash *hash;
     int64_t n_heads;
     double timeout_s;            /* STRATA_PLE_STEP_TIMEOUT */
-    unsigned stall_ms;           /* STRATA_PLE_TEST_STALL_MS: test hook, the worker sleeps before publishing */
+    _Atomic unsigned stall_ms;   /* STRATA_PLE_TEST_STALL_MS: test hook, the worker sleeps before publishing */
 } ple_worker;
 
 strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap);

@@ -287,3 +287,63 @@ def test_bench_ple_refuses_a_model_without_ple(tmp_path):
     models.make_model(str(tmp_path / "nople.json"), out, recipe="f32", seed=0)
     r = CliRunner().invoke(cli, ["bench", "ple", "-m", out, "--decode-tokens", "1"])
     assert r.exit_code != 0 and "has no PLE table" in r.output
+
+
+def _write_safetensors(path: str, tensors: dict) -> None:
+    """A safetensors file from {name: (dtype name, numpy array)} (raw bytes, header as the format says)."""
+    header, off, blobs = {}, 0, []
+    for name, (dt, a) in tensors.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for b in blobs:
+            f.write(b)
+
+
+_PACK_RSS = """
+import resource, sys
+from pyrunner import ple
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ple.CHUNK_ROWS = 4096
+ple.pack_ple(sys.argv[1], sys.argv[2])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_pack_ple_streams_with_bounded_memory(tmp_path):
+    """16 shards of 40,000 rows (160 values: 57.6 MB packed), two safetensors files: the packed bytes are
+    the shards' codes and scales in order, and the packer's peak resident memory grows by far less than
+    the table (it reads one chunk at a time)."""
+    rng = np.random.default_rng(0)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    pre = "model.layers.1.ple.ple_embedding.ngram_embedding"
+    shards = []
+    for part in range(2):
+        t = {}
+        for i in range(part * 8, part * 8 + 8):
+            w = rng.integers(0, 256, (40000, 80), dtype=np.uint8)
+            s = rng.integers(0x20, 0x50, (40000, 10), dtype=np.uint8)
+            t[f"{pre}.shard_{i}.weight"] = ("U8", w)
+            t[f"{pre}.shard_{i}.weight_scale"] = ("F8_E4M3", s)
+            t[f"{pre}.shard_{i}.weight_scale_2"] = ("F32", np.array([0.01 * (i + 1)], dtype=np.float32))
+            shards.append((w, s))
+        _write_safetensors(str(ck / f"model-{part}.safetensors"), t)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", _PACK_RSS, str(ck), str(out)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    grew = int(r.stdout.split()[-1])
+    table, meta = ple.read_sidecar(str(out))
+    assert meta["total_rows"] == 640000 and meta["rows_per_shard"] == 40000 and meta["row_width"] == 90
+    assert meta["global_scales"] == [float(np.float32(0.01 * (i + 1))) for i in range(16)]
+    raw = np.fromfile(table, dtype=np.uint8).reshape(-1, 90)
+    for i, (w, s) in enumerate(shards):
+        np.testing.assert_array_equal(raw[i * 40000:(i + 1) * 40000, :80], w)
+        np.testing.assert_array_equal(raw[i * 40000:(i + 1) * 40000, 80:], s)
+    assert grew < 24 << 20, f"pack-ple's resident memory grew by {grew / 2**20:.1f} MiB for a 57.6 MB table"

@@ -121,9 +121,10 @@ static void settle(ple_table *t, int mode) {
                  mode == PLE_MODE_MMAP ? ra : "POSIX_FADV_RANDOM");
         return;
     }
-    if (t->fd < 0) {
+    if (t->fd < 0 || t->n_rows <= 0) {
         t->mode = PLE_MODE_MMAP;
-        snprintf(t->why, sizeof t->why, "mmap (auto: the table is in memory, no file to pread; %s)", ra);
+        snprintf(t->why, sizeof t->why, "mmap (auto: %s; %s)", t->fd < 0 ? "the table is in memory, no file to pread"
+                 : "an empty table", ra);
         return;
     }
     if (!t->madv_random && want_random) {

@@ -246,6 +246,10 @@ def _engine_options(f):
         click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default=None, help="Where experts run [default: cpu]."),
         click.option("--cache-gib", type=float, default=None, help="Expert cache size on the device, GiB."),
         click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
+        click.option("--sim-link-gbps", type=float, default=None,
+                     help="Link bandwidth of the sim device, GB/s [default: 16]."),
+        click.option("--trace-routing", type=click.Path(dir_okay=False, writable=True), default=None,
+                     help="Write every MoE layer's routing as JSON lines (replay with `strata cache-sim`)."),
         click.option("--prefill-chunk", type=int, default=None, help="Prefill chunk, tokens [default: 8192]."),
         click.option("--mtp", type=int, default=None, help="Tokens drafted per step by the MTP head (0 = off)."),
         click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
@@ -255,7 +259,8 @@ def _engine_options(f):
     return f
 
 
-_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode")
+_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode",
+           "sim_link_gbps")
 
 
 def _with_env(cmd: click.Command) -> click.Command:
@@ -276,6 +281,7 @@ def _open_model(kwargs: dict):
     from .models import DEMO_NOTICE, MakeModelError, default_model
 
     path = kwargs.pop("model_path")
+    trace = kwargs.pop("trace_routing", None)
     engine = {k: kwargs.pop(k) for k in _ENGINE if kwargs.get(k) is not None}
     for k in _ENGINE:
         kwargs.pop(k, None)
@@ -283,7 +289,12 @@ def _open_model(kwargs: dict):
         if path is None:
             path = default_model(log=lambda s: click.echo(s, err=True))
             click.echo(DEMO_NOTICE.format(path=path), err=True)
-        return Model(path, **engine)
+        model = Model(path, **engine)
+        if model.device != "cpu" or model.offload_stats()["tail_skip"]:
+            click.echo(model.offload_log, err=True)          # DESIGN §7: the start-up log
+        if trace:
+            model.trace_routing(trace)
+        return model
     except (MakeModelError, StrataError, ValueError, OSError) as e:
         raise _fail(e) from None
 

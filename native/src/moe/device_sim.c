@@ -316,7 +316,10 @@ void mdev_wait_compute(mdev *d, uint64_t seq) { wait_engine(d, 1, seq); }
 double mdev_probe(mdev *d, size_t bytes, int reps) {
     /* copies of one slot, repeated to at least `bytes` per pass */
     const size_t piece = d->p.slot_bytes;
-    const int per_pass = (int)((bytes + piece - 1) / piece);
+    int per_pass = (int)((bytes + piece - 1) / piece);
+    /* a slow simulated link is probed for ~20 ms per pass, not for the whole size */
+    const double cap = d->p.link_gbps > 0 ? d->p.link_gbps * 1e9 * 0.02 / (double)piece : per_pass;
+    if (per_pass > cap) per_pass = cap < 1 ? 1 : (int)cap;
     char *src = malloc(piece);
     if (!src) return 0.0;
     memset(src, 1, piece);

@@ -86,7 +86,10 @@ strata_status off_create(strata_model *m) {
     else if (p->device == STRATA_DEVICE_CPU) { o->tail_skip = 0; o->tail_skip_why = "off (cpu device: exact output)"; }
     else if (covered < 0.9) { o->tail_skip = 7; o->tail_skip_why = "on (cache holds < 90% of routed expert bytes)"; }
     else { o->tail_skip = 0; o->tail_skip_why = "off (cache holds >= 90% of routed expert bytes)"; }
-    if (o->tail_skip >= hp->n_expert_used) o->tail_skip = 0;
+    if (o->tail_skip >= hp->n_expert_used) {
+        o->tail_skip = 0;
+        o->tail_skip_why = "off (the model routes to fewer experts than the skip rank)";
+    }
     if (p->device == STRATA_DEVICE_SIM) {
         mdev_params dp = {.kind = MDEV_SIM, .n_slots = o->n_cache_slots + o->n_staging, .slot_bytes = o->slot_bytes,
                           .link_gbps = p->sim_link_gbps > 0 ? p->sim_link_gbps : 16.0, .isa = m->isa};

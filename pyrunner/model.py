@@ -241,9 +241,17 @@ class Session:
     def stats(self) -> dict:
         """PLE counters since the session was created (DESIGN §9 keys ple_rows, ple_read_bytes,
         ple_major_faults, ple_wait_s for prefill + decode, then the same and more per phase as
-        ple_prefill_* / ple_decode_*; a one-token step is decode). See pyrunner.ple."""
+        ple_prefill_* / ple_decode_*; a one-token step is decode; see pyrunner.ple), and, when experts
+        run on a device or are skipped, the model's offload counters since load (cache_hits,
+        cache_lookups, hit_rate, cache_swaps, pcie_groups, pcie_bytes, cpu_groups, cpu_s,
+        skipped_experts, pcie_frac, ...; the device and its cache are shared by the model's sessions)."""
         from . import ple
-        return ple.session_stats(self)
+        out = ple.session_stats(self)
+        off = self.model.offload_stats()
+        if self.model.device != "cpu" or off["skipped_experts"]:
+            off["hit_rate"] = off["cache_hits"] / off["cache_lookups"] if off["cache_lookups"] else 0.0
+            out.update(off)
+        return out
 
     def eval(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Runs token_ids after the tokens already seen. Returns the last position's logits

@@ -220,3 +220,12 @@ def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
     fixed = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, pcie_frac=0.3)
     c = fixed.generate("The offload engine", max_tokens=60, temperature=0, logit_bias=ban)
     assert c.stats["pcie_frac"] == pytest.approx(0.3)
+
+
+def test_session_stats_carry_the_offload_counters(tiny):
+    m = Model(tiny, threads=1, n_ctx=64, device="sim", cache_gib=0.0002, pcie_frac=0.5, tail_skip=0)
+    s = m.session()
+    s.eval(list(range(12)))
+    st = s.stats()
+    assert st["cache_lookups"] > 0 and 0 <= st["hit_rate"] <= 1 and "ple_rows" in st
+    assert "cache_lookups" not in Model(tiny, threads=1, n_ctx=64).session().stats()

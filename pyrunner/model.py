@@ -60,7 +60,7 @@ class Model:
                  cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
                  mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
                  sim_link_gbps: float | None = None, tail_skip: int | None = None,
-                 prefill_stream_min: int | None = None):
+                 prefill_stream_min: int | None = None, expert_pack: str | None = "auto"):
         """device: "cpu" (every expert on the CPU pool), "sim" (a simulated GPU: host memory, a
         copy engine of sim_link_gbps GB/s, default 16) or "cuda"; cache_gib: device memory for
         resident experts; pcie_frac: share of missing experts sent over the link (None: from the
@@ -68,7 +68,9 @@ class Model:
         which a non-resident expert is skipped (None: STRATA_ROUTE_TAIL_SKIP, else DESIGN §4's
         default: 7 on the offload path while the cache holds < 90 % of expert bytes, off on cpu);
         prefill_stream_min: a forward step of at least this many tokens streams every missing expert
-        through the device's staging ring, borrowing cache slots (default 1024)."""
+        through the device's staging ring, borrowing cache slots (default 1024); expert_pack: the
+        expert pack copies read from ("auto": built next to the model on first use with a device, see
+        pyrunner.expert_pack; None: copy each expert's pieces from the GGUF)."""
         path = os.fspath(path)
         if device not in DEVICES:
             raise ValueError(f"device {device!r}: choose one of {', '.join(DEVICES)}")
@@ -105,6 +107,12 @@ class Model:
         p.tail_skip = int(tail_skip)
         if prefill_stream_min is not None:
             p.prefill_stream_min = int(prefill_stream_min)
+        self.expert_pack = None
+        if expert_pack is not None and device != "cpu":
+            from . import expert_pack as xp
+            self.expert_pack = xp.ensure(path) if expert_pack == "auto" else os.fspath(expert_pack)
+            self._pack_arg = ffi.new("char[]", self.expert_pack.encode())   # lives as long as the load
+            p.expert_pack = self._pack_arg
         out = ffi.new("strata_model **")
         check(lib.strata_model_load(path.encode(), p, out))
         self._ptr = ffi.gc(out[0], lib.strata_model_free)

@@ -229,3 +229,47 @@ def test_session_stats_carry_the_offload_counters(tiny):
     st = s.stats()
     assert st["cache_lookups"] > 0 and 0 <= st["hit_rate"] <= 1 and "ple_rows" in st
     assert "cache_lookups" not in Model(tiny, threads=1, n_ctx=64).session().stats()
+
+
+def test_expert_pack(tiny, reference, tmp_path):
+    """One blob per (layer, expert), byte for byte the GGUF's gate|up|down slices; copies read it (one
+    copy per expert) with the same numbers; a pack that does not match the model is refused with a
+    message naming it, and pyrunner rebuilds a stale one."""
+    from pyrunner import expert_pack as xp
+    from pyrunner._native import FormatError
+    from pyrunner.gguf import GGUFFile
+
+    pack = str(tmp_path / "tiny.experts.bin")
+    side = xp.build(tiny, pack)
+    data = open(pack, "rb").read()
+    g = GGUFFile(tiny)
+    for lay in side["layers"]:
+        il, blob = lay["layer"], lay["blob_bytes"]
+        for e in (0, 5):
+            want = b"".join(bytes(g.tensor_data(pc["tensor"])[e * pc["bytes"]:(e + 1) * pc["bytes"]])
+                            for pc in lay["pieces"])
+            assert data[lay["offset"] + e * blob: lay["offset"] + (e + 1) * blob] == want
+    assert len(data) == side["header_bytes"] + side["payload_bytes"]
+
+    prompt, want_toks, want_rows = reference
+    kw = dict(threads=2, n_ctx=256, kv_type="f32", device="sim", cache_gib=0.3 * _routed_bytes(tiny) / 2**30,
+              pcie_frac=0.5, tail_skip=0)
+    with_pack = Model(tiny, expert_pack=pack, **kw)
+    assert "expert pack" in with_pack.offload_log
+    toks, rows = _greedy(with_pack, prompt, steps=16)
+    assert toks == want_toks[:16] and np.abs(rows - want_rows[:17]).max() <= 1e-4
+    without = Model(tiny, expert_pack=None, **kw)
+    assert "three pieces" in without.offload_log
+    _greedy(without, prompt, steps=16)
+    assert with_pack.offload_stats()["pcie_bytes"] == without.offload_stats()["pcie_bytes"] > 0
+
+    bad = bytearray(data)
+    bad[32] ^= 1                                      # the model identity
+    (tmp_path / "bad.bin").write_bytes(bad)
+    with pytest.raises(FormatError, match=r"bad\.bin: built for another model file.*delete it"):
+        Model(tiny, expert_pack=str(tmp_path / "bad.bin"), **kw)
+    (tmp_path / "short.bin").write_bytes(data[:-10])
+    with pytest.raises(FormatError, match=r"short\.bin: truncated"):
+        Model(tiny, expert_pack=str(tmp_path / "short.bin"), **kw)
+    assert xp.ensure(tiny, str(tmp_path / "bad.bin"), log=lambda s: None) == str(tmp_path / "bad.bin")
+    Model(tiny, expert_pack=str(tmp_path / "bad.bin"), **kw)     # rebuilt: loads

@@ -310,6 +310,9 @@ typedef struct strata_model_params {
     int32_t adjust_interval; /* windows between expert-cache adjustment rounds; default 32 */
     int32_t prefill_stream_min; /* a forward step of at least this many tokens streams every missing
                             expert through the staging ring (borrowing cache slots); default 1024 */
+    const char *expert_pack; /* the model's expert pack (pyrunner/expert_pack.py: one blob per expert,
+                            checked against the model at load); NULL: copy each expert's three
+                            pieces from the GGUF. Only read during strata_model_load. */
     int32_t ple_mode;    /* strata_ple_mode: how the PLE table is read; default STRATA_PLE_AUTO */
 } strata_model_params;
 

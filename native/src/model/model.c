@@ -36,6 +36,7 @@ strata_model_params strata_model_default_params(void) {
     p.n_staging = 4;
     p.adjust_interval = 32;
     p.prefill_stream_min = 1024;
+    p.expert_pack = NULL;
     return p;
 }
 

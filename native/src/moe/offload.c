@@ -16,7 +16,12 @@
  */
 #include "moe/offload.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,12 +36,92 @@ static size_t blob_bytes(const mdev_expert_shape *s) { return s->gate_bytes + s-
 static void expert_src(const strata_model *m, int il, int32_t e, const void *src[3], size_t bytes[3]) {
     const mdl_layer *l = &m->layers[il];
     const mdev_expert_shape *s = &m->off->shape[il];
+    if (m->off->pack) {                  /* one contiguous blob: one copy */
+        src[0] = m->off->pack + m->off->pack_layer_off[il] + (size_t)e * blob_bytes(s);
+        bytes[0] = blob_bytes(s);
+        src[1] = src[2] = NULL;
+        bytes[1] = bytes[2] = 0;
+        return;
+    }
     src[0] = l->exp_gate.data + (size_t)e * l->exp_gate.mat_bytes;
     bytes[0] = s->gate_bytes;
     src[1] = s->fused ? NULL : l->exp_up.data + (size_t)e * l->exp_up.mat_bytes;
     bytes[1] = s->up_bytes;
     src[2] = l->exp_down.data + (size_t)e * l->exp_down.mat_bytes;
     bytes[2] = s->down_bytes;
+}
+
+
+/* ---------------------------------------------------------------- expert pack (pyrunner/expert_pack.py) */
+
+enum { PACK_HEADER = 4096 };
+
+static uint64_t fnv_u64(uint64_t h, uint64_t v) {
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xffu;
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+static strata_status open_pack(strata_model *m, const char *path) {
+    mdl_offload *o = m->off;
+    const mdl_hparams *hp = &m->hp;
+    /* the identity the pack was built for: (offset, size, type) of every expert tensor */
+    uint64_t ident = 0xCBF29CE484222325ull, payload = 0;
+    o->pack_layer_off = calloc((size_t)hp->n_layer, sizeof(uint64_t));
+    if (!o->pack_layer_off) return strata_fail(STRATA_ERR_NOMEM, "expert pack: no memory");
+    for (int il = 0; il < hp->n_layer; il++) {
+        char names[3][96];
+        int n = 0;
+        if (m->layers[il].exp_fused) snprintf(names[n++], 96, "blk.%d.ffn_gate_up_exps.weight", il);
+        else {
+            snprintf(names[n++], 96, "blk.%d.ffn_gate_exps.weight", il);
+            snprintf(names[n++], 96, "blk.%d.ffn_up_exps.weight", il);
+        }
+        snprintf(names[n++], 96, "blk.%d.ffn_down_exps.weight", il);
+        for (int k = 0; k < n; k++) {
+            int64_t ti;
+            strata_gguf_tensor t;
+            if (strata_gguf_find_tensor(m->gguf, names[k], &ti) || strata_gguf_tensor_info(m->gguf, ti, &t))
+                return strata_fail(STRATA_ERR_INTERNAL, "expert pack: tensor %s vanished", names[k]);
+            ident = fnv_u64(fnv_u64(fnv_u64(ident, t.offset), t.size), (uint64_t)t.type);
+        }
+        o->pack_layer_off[il] = PACK_HEADER + payload;
+        payload += (uint64_t)blob_bytes(&o->shape[il]) * (uint64_t)hp->n_expert;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return strata_fail(STRATA_ERR_IO, "expert pack %s: cannot open (%s)", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st)) { close(fd); return strata_fail(STRATA_ERR_IO, "expert pack %s: cannot stat", path); }
+    const uint64_t size = (uint64_t)st.st_size;
+    uint8_t h[48];
+    if (size < PACK_HEADER || pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
+        close(fd);
+        return strata_fail(STRATA_ERR_FORMAT, "expert pack %s: %llu bytes, shorter than its header; delete it to rebuild",
+                           path, (unsigned long long)size);
+    }
+    uint32_t ver, nl, ne;
+    uint64_t ph, pid, ppay;
+    memcpy(&ver, h + 8, 4); memcpy(&nl, h + 12, 4); memcpy(&ne, h + 16, 4);
+    memcpy(&ph, h + 24, 8); memcpy(&pid, h + 32, 8); memcpy(&ppay, h + 40, 8);
+    const char *why = NULL;
+    if (memcmp(h, "STRXPACK", 8)) why = "not an expert pack (bad magic)";
+    else if (ver != 1) why = "unsupported pack version";
+    else if ((int32_t)nl != hp->n_layer || (int32_t)ne != hp->n_expert) why = "layer or expert count differs from the model";
+    else if (pid != ident) why = "built for another model file (identity differs)";
+    else if (ppay != payload) why = "blob sizes differ from the model's";
+    else if (size != PACK_HEADER + payload) why = "truncated or padded (file size does not match)";
+    if (why) {
+        close(fd);
+        return strata_fail(STRATA_ERR_FORMAT, "expert pack %s: %s; delete it and run again to rebuild", path, why);
+    }
+    void *base = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) return strata_fail(STRATA_ERR_IO, "expert pack %s: cannot map (%s)", path, strerror(errno));
+    o->pack = base;
+    o->pack_size = size;
+    return STRATA_OK;
 }
 
 strata_status off_create(strata_model *m) {
@@ -105,6 +190,7 @@ strata_status off_create(strata_model *m) {
         o->pinned = malloc((size_t)(hp->n_expert + 1) * sizeof(int32_t));
         if (!o->slot_use || !o->borrowed || !o->pinned) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
         o->probe_gbps = mdev_probe(o->dev, (size_t)16 << 20, 3);
+        if (p->expert_pack && p->expert_pack[0] && (rc = open_pack(m, p->expert_pack))) return rc;
     }
     /* initial share: 0.55 x probe / 20, clamped (DESIGN §4), unless given */
     o->pcie_frac = p->pcie_frac >= 0 ? p->pcie_frac : (float)(0.55 * o->probe_gbps / 20.0);
@@ -113,10 +199,11 @@ strata_status off_create(strata_model *m) {
     if (!o->dev) o->pcie_frac = 0.0f;
     snprintf(o->log, sizeof o->log,
              "device %s: %d cache slots of %.2f MiB (%.1f%% of routed expert bytes), %d staging slots, "
-             "link probe %.2f GB/s, pcie_frac %.2f, tail skip %s%s",
+             "link probe %.2f GB/s, pcie_frac %.2f, tail skip %s%s, copies from %s",
              o->dev ? mdev_name(o->dev) : "cpu", o->n_cache_slots, (double)o->slot_bytes / (1 << 20), 100.0 * covered,
              o->n_staging, o->probe_gbps, o->pcie_frac, o->tail_skip_why,
-             o->tail_skip ? (o->tail_skip == 7 ? " (rank >= 7)" : " (custom rank)") : "");
+             o->tail_skip ? (o->tail_skip == 7 ? " (rank >= 7)" : " (custom rank)") : "",
+             o->pack ? "the expert pack (one blob per expert)" : "the GGUF (three pieces per expert)");
     return STRATA_OK;
 }
 
@@ -127,6 +214,8 @@ void off_free(strata_model *m) {
     if (o->ec) ec_free(o->ec);
     free(o->shape);
     free(o->pending);
+    if (o->pack) munmap((void *)o->pack, (size_t)o->pack_size);
+    free(o->pack_layer_off);
     free(o->slot_use);
     free(o->borrowed);
     free(o->pinned);

@@ -46,7 +46,10 @@ typedef struct mdl_offload {
     int32_t *borrowed, n_borrowed; /* cache slots lent to this chunk's staging ring */
     int32_t *pinned, n_pinned;     /* resident slots read by this layer */
     uint64_t borrow_total, stream_chunks;
-    char log[512];
+    const char *pack;              /* expert pack mapping (NULL: copy the three pieces from the GGUF) */
+    uint64_t pack_size;
+    uint64_t *pack_layer_off;      /* per layer: offset of blob (layer, 0) in the pack */
+    char log[640];
     /* counters */
     uint64_t hits, lookups, swaps, admits, pcie_groups, pcie_bytes, cpu_groups, cpu_bytes, skipped;
     double cpu_s;

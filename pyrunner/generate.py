@@ -94,7 +94,8 @@ def _observe(model, ctl, before: dict) -> dict:
     now = model.offload_stats()
     new = ctl.observe_window(cpu_bytes=now["cpu_bytes"] - before["cpu_bytes"],
                              cpu_busy_s=now["cpu_s"] - before["cpu_s"],
-                             pcie_bytes=now["pcie_bytes"] - before["pcie_bytes"],
+                             # the link's rate: every byte it moved (admits and swaps too) over its busy time
+                             pcie_bytes=now["copy_bytes"] - before["copy_bytes"],
                              pcie_s=now["copy_s"] - before["copy_s"],
                              missing_groups=(now["cpu_groups"] - before["cpu_groups"])
                              + (now["pcie_groups"] - before["pcie_groups"]))

@@ -23,7 +23,8 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
                  "pcie_groups": "pcie_groups", "pcie_bytes": "pcie_bytes", "cpu_groups": "cpu_groups",
                  "cpu_s": "cpu_s", "skipped_experts": "skipped_experts", "cpu_bytes": "cpu_bytes",
                  "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows",
-                 "prefill_chunks": "prefill_chunks", "borrowed_slots": "borrowed_slots"}
+                 "prefill_chunks": "prefill_chunks", "borrowed_slots": "borrowed_slots",
+                 "copy_bytes": "copy_bytes"}
 
 
 def _env_float(name: str):

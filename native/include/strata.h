@@ -369,6 +369,7 @@ typedef struct strata_offload_stats {
     uint64_t windows;
     uint64_t prefill_chunks;  /* forward steps that streamed every missing expert */
     uint64_t borrowed_slots;  /* cache slots lent to their staging rings (summed over layers) */
+    uint64_t copy_bytes;      /* every byte the copy engine moved (staging, admits, swaps) */
 } strata_offload_stats;
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
 /* The share of missing expert groups sent over the link from now on (the controller's output). */

@@ -383,13 +383,21 @@ strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, ui
     if (o->ec && il == m->hp.n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
         ec_swap sw[128];
         const int n = ec_plan_round(o->ec, sw, 128);
-        for (int i = 0; i < n && !rc; i++) {
+        for (int i = 0; i < n; i++) {
             const void *src[3];
             size_t bytes[3];
             uint64_t cs;
-            expert_src(m, sw[i].layer, sw[i].in_expert, src, bytes);
-            if (!(rc = mdev_copy(o->dev, sw[i].slot, src, bytes, o->slot_use[sw[i].slot], &cs)))
-                rc = add_pending(o, sw[i].slot, cs);
+            strata_status r = rc;
+            if (!r) {
+                expert_src(m, sw[i].layer, sw[i].in_expert, src, bytes);
+                r = mdev_copy(o->dev, sw[i].slot, src, bytes, o->slot_use[sw[i].slot], &cs);
+                if (!r) r = add_pending(o, sw[i].slot, cs);   /* (on failure here the copy still lands;
+                                                                  the slot is then just never published) */
+            }
+            if (r) {
+                ec_abort(o->ec, sw[i].slot);      /* a swap whose copy was not issued frees its slot */
+                rc = r;
+            }
         }
         o->swaps += (uint64_t)n;
     }
@@ -425,10 +433,7 @@ strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *
     out->windows = o->windows;
     out->prefill_chunks = o->stream_chunks;
     out->borrowed_slots = o->borrow_total;
-    if (o->dev) {
-        uint64_t cb;
-        mdev_counters(o->dev, &cb, &out->copy_s, &out->device_s);
-    }
+    if (o->dev) mdev_counters(o->dev, &out->copy_bytes, &out->copy_s, &out->device_s);
     pthread_mutex_unlock(&o->mu);
     return STRATA_OK;
 }

@@ -477,6 +477,21 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* Buffers for steps of up to L tokens (they grow with the longest step seen, up to cap). Called
+ * only while the worker is idle (done_seq == req_seq) by the thread that owns the channel. */
+static int grow(ple_worker *w, int64_t L) {
+    if (L <= w->alloc) return 1;
+    int32_t *h = realloc(w->hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
+    if (h) w->hist = h;
+    uint64_t *r = realloc(w->rows, (size_t)(L * w->n_heads) * sizeof(uint64_t));
+    if (r) w->rows = r;
+    uint8_t *b = realloc(w->buf, (size_t)(L * w->n_heads) * w->table->row_bytes);
+    if (b) w->buf = b;
+    if (!h || !r || !b) return 0;
+    w->alloc = L;
+    return 1;
+}
+
 strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap) {
     memset(w, 0, sizeof *w);
     w->table = t;
@@ -488,12 +503,9 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     e = getenv("STRATA_PLE_TEST_STALL_MS");
     w->stall_ms = e ? (unsigned)strtoul(e, NULL, 10) : 0;
     w->prefetch = t->prefetch;
-    w->hist = malloc((size_t)(h->n - 1 + cap) * sizeof(int32_t));
-    w->rows = malloc((size_t)(cap * w->n_heads) * sizeof(uint64_t));
-    w->buf = malloc((size_t)(cap * w->n_heads) * t->row_bytes);
-    if (!w->hist || !w->rows || !w->buf) {
+    if (!grow(w, cap < 16 ? cap : 16)) {
         free(w->hist); free(w->rows); free(w->buf);
-        return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers of %lld tokens", (long long)cap);
+        return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers");
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
@@ -554,10 +566,16 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     w->owner = owner;
     const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
     pthread_mutex_unlock(&w->mu);
-    if (atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev && !poll_done(w, prev, deadline))
+    if (atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev && !poll_done(w, prev, deadline)) {
+        ple_release(w, owner);
         return strata_fail(STRATA_ERR_IO, "PLE: the gather worker is still busy with step %llu, which timed out; "
                            "waited another %.0f s (STRATA_PLE_STEP_TIMEOUT). The table's storage may be stalled",
                            (unsigned long long)prev, w->timeout_s);
+    }
+    if (!grow(w, L)) {
+        ple_release(w, owner);
+        return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers of %lld tokens", (long long)L);
+    }
     const int64_t n = w->hash->n;
     memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;

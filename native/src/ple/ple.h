@@ -35,8 +35,9 @@
  *   1. M takes the channel (ple_submit): under mu it waits until no other session owns it, then
  *      sets owner. If done_seq < req_seq the worker is still busy with an earlier step that
  *      timed out: M waits for it (with the same timeout) before writing anything.
- *   2. M writes the request (token history, count, prefetch flag), then stores req_seq = seq
- *      with release order and signals cv.
+ *   2. M grows the buffers if the step is longer than any before (the worker is idle), writes the
+ *      request (token history, count, prefetch flag), then stores req_seq = seq with release order
+ *      and signals cv. A failure in step 1 or 2 releases the channel.
  *   3. W wakes, loads req_seq (acquire), reads the request, hashes the n-grams to row ids,
  *      prefetches, gathers the packed rows into buf and fills `result` (its own measurements:
  *      rows, bytes read, faults, times). Only then does it store done_seq = seq (release): the
@@ -129,14 +130,15 @@ typedef struct {
     int stop;
     _Atomic uint64_t req_seq, done_seq;
     /* request */
-    int32_t *hist;               /* [n-1 + cap] */
+    int32_t *hist;               /* [n-1 + alloc] */
     int64_t n_tok;
     int prefetch;
     /* response */
-    uint64_t *rows;              /* [cap * NH] */
-    uint8_t *buf;                /* [cap * NH * row_bytes] packed rows */
+    uint64_t *rows;              /* [alloc * NH] */
+    uint8_t *buf;                /* [alloc * NH * row_bytes] packed rows */
     ple_result result;
-    int64_t cap;
+    int64_t cap;                 /* most tokens a step may have */
+    int64_t alloc;               /* tokens the buffers hold now (grown on demand up to cap) */
     /* settings */
     const ple_table *table;
     const ple_hash *hash;

@@ -196,6 +196,18 @@ def test_packed_table_matches_the_dequantized_gguf(packed):
     assert not ia["external"]
 
 
+def test_convert_cli_ple_external(packed, tmp_path):
+    from gguf import GGUFReader
+    out = tmp_path / "cli.gguf"
+    r = CliRunner().invoke(cli, ["convert", packed["hf"], "-o", str(out), "--ple-external", str(packed["dir"]), "-q"])
+    assert r.exit_code == 0, r.output
+    kv = GGUFReader(str(out)).fields
+    rel = bytes(kv["strata.ple_external"].parts[-1]).decode()
+    assert os.path.normpath(os.path.join(tmp_path, rel)) == os.path.normpath(packed["dir"] / ple.TABLE_NAME)
+    with Model(str(out), n_ctx=32) as m:
+        assert ple.model_info(m)["external"]
+
+
 def _copy_external(packed, name: str) -> tuple[str, str]:
     """A private copy of the external GGUF and its packed table (the GGUF names it relatively)."""
     d = packed["work"] / name

@@ -10,6 +10,7 @@
 #include "context.h"
 #include "quant/quant.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/gemm.h"
 #include "util/error.h"
 #include "util/threadpool.h"
 
@@ -241,4 +242,24 @@ strata_status strata_matmul(strata_context *ctx, int32_t type, const void *w, ui
     if (rows == 0 || n == 0) return STRATA_OK;
     if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "matmul: NULL buffer");
     return strata_matmul_run(ctx ? ctx->pool : NULL, t, idx, w, rows, cols, x, n, y);
+}
+
+strata_status strata_gemm(strata_context *ctx, int32_t type, const void *w, uint64_t w_size,
+                          int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
+                          strata_isa isa) {
+    const strata_qtraits *t = NULL;
+    uint64_t rs = 0;
+    int idx = 0;
+    strata_status st;
+    if ((st = traits_for(type, &t)) || (st = row_size(t, cols, &rs)) || (st = isa_index(isa, &idx))) return st;
+    if (rows < 0 || n < 0) return strata_fail(STRATA_ERR_INVALID_ARG, "gemm: negative rows or n");
+    if (!t->vec_dot[idx] || !t->dequant[STRATA_ISA_IDX_SCALAR])
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "%s: no kernels for the GEMM", t->name);
+    if (rs * (uint64_t)rows != w_size)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%s: %lld x %lld weights need %llu bytes, got %llu", t->name,
+                           (long long)rows, (long long)cols, (unsigned long long)(rs * (uint64_t)rows),
+                           (unsigned long long)w_size);
+    if (rows == 0 || n == 0) return STRATA_OK;
+    if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "gemm: NULL buffer");
+    return strata_gemm_run(ctx ? ctx->pool : NULL, t, idx, w, rows, cols, x, n, y);
 }

@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/gemm.h"
 #include "moe/offload.h"
 #include "util/error.h"
 
@@ -174,7 +174,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     }
     mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
     mm[nm_++] = item(&l->sh_up, 0, u, L, su);
-    if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
+    if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done; /* GEMM or dot products per item (gemm.c) */
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n || (kind && kind[e] != OFF_CPU)) continue;
@@ -199,7 +199,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         if (n && !(kind && kind[e] != OFF_CPU)) mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
     }
     mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
-    if ((rc = strata_matmul_multi(m->pool, m->isa, mm, nm_))) goto done;
+    if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done;
     if (locked) {
         locked = 0;
         if ((rc = off_finish(m, il, dev_seq, now_s() - t_cpu, cpu_groups, cpu_bytes))) goto done;

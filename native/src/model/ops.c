@@ -7,12 +7,14 @@
 
 #include <math.h>
 
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/gemm.h"
 
 strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
                          float *y) {
     const char *data = w->data + (size_t)mi * w->mat_bytes;
-    strata_status rc = strata_matmul_run(m->pool, w->t, m->isa, data, w->rows, w->cols, x, L, y);
+    /* float weights times many columns (prefill) take the f32 GEMM, the rest the dot products
+     * (the choice, its measurements and STRATA_GEMM are in kernels/cpu/gemm.c) */
+    strata_status rc = strata_mm_auto(m->pool, w->t, m->isa, data, w->rows, w->cols, x, L, y);
     if (rc) return rc;
     if (w->scale) {
         const float s = w->scale[w->n_scale == 1 ? 0 : mi];

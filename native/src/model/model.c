@@ -155,6 +155,8 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
     const mdl_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
     strata_status rc;
+    /* the PLE worker hashes and gathers this step's rows while the embeddings and layer 0 run */
+    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(s, ids, L))) return rc;
     for (int64_t t = 0; t < L; t++) {
         float *xt = s->X + t * W;
         m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, xt, E);

@@ -183,7 +183,10 @@ strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, floa
     mdl_layer_state *st = &s->ls[il];
     const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, nI = hp->idx_heads, dI = hp->idx_dim;
     const int64_t p0 = s->n_past, r = l->ratio, half = hp->n_rot / 2;
-    const int64_t sel_cap = r > 0 ? hp->idx_budget + r : 1;
+    /* a query keeps at most budget + r - 1 keys and never more than it can see (p0 + L): the
+     * second bound keeps a file's huge budget from sizing the buffers */
+    int64_t sel_cap = r > 0 ? (int64_t)hp->idx_budget + r : 1;
+    if (sel_cap > p0 + L) sel_cap = p0 + L;
     const int nt = strata_pool_n_threads(m->pool);
     const int64_t n_max = p0 + L;
     const int64_t scratch_w = (n_max + hd + 2 * (sel_cap + 8)) ;

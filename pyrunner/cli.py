@@ -292,6 +292,9 @@ def _open_model(kwargs: dict):
         model = Model(path, **engine)
         if model.device != "cpu" or model.offload_stats()["tail_skip"]:
             click.echo(model.offload_log, err=True)          # DESIGN §7: the start-up log
+        if model.has_ple:
+            from .ple import describe
+            click.echo(describe(model), err=True)
         if trace:
             model.trace_routing(trace)
         return model

@@ -57,7 +57,10 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "ttft_s", "decode_s", "decode_tps",
               # the offload engine (DESIGN §4, §9): present when experts run on a device or are skipped
               "cache_hits", "cache_lookups", "hit_rate", "cache_swaps", "pcie_groups", "pcie_bytes",
-              "cpu_groups", "cpu_s", "skipped_experts", "pcie_frac")
+              "cpu_groups", "cpu_s", "skipped_experts", "pcie_frac",
+              # the PLE table (DESIGN §6, §9): present when the model has one
+              "ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
+_PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
 
@@ -271,6 +274,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     hist, reused = _plan_reuse(sess, ids)
     stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
     off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
+    ple0 = sess.stats() if getattr(model, "has_ple", False) and hasattr(sess, "stats") else None
     ctl = _controller(model) if off0 is not None else None
 
     if reused < len(ids):
@@ -326,6 +330,9 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
         if dt > 0:
             stats["decode_tps"] = (n_sampled - 1) / dt
     stats.update(_offload_stats(model, off0))
+    if ple0 is not None:
+        ple1 = sess.stats()
+        stats.update({k: ple1[k] - ple0[k] for k in _PLE_KEYS})
     stats = {k: stats[k] for k in STATS_KEYS if k in stats}
     return Completion("".join(parts), out_tokens, crit.finish_reason, stats)
 

@@ -127,6 +127,8 @@ class Model:
         self.n_threads = int(info.n_threads)
         self.weight_bytes = int(info.weight_bytes)
         self.state_bytes = int(info.state_bytes)
+        self.ple_layer = int(info.ple_layer)
+        self.has_ple = self.ple_layer >= 0
         self._metadata = None
         self._tokenizer = None
         self._sessions = []

@@ -5,9 +5,11 @@
  * A task owns a range of weight rows. It walks them in row blocks of `rb` rows (about
  * TILE_BYTES of floats, so the block stays in L2), decodes a block once with dequant[isa] into
  * its thread's scratch, then multiplies it by the activations in column blocks of NB rows of X
- * and depth chunks of KC values: a chunk of NB activation rows (NB x KC floats) stays in L1
- * while the register tiles of the block kernel sweep it, and the eight lane accumulators of
- * every output of the block carry over from one chunk to the next in scratch. The split into
+ * and depth chunks of KC values: a chunk of NB activation rows (NB x KC floats, 96 KiB) stays
+ * in L2 while the register tiles of the block kernel sweep it, and the eight lane accumulators
+ * of every output of the block carry over from one chunk to the next in scratch. KC is long
+ * because each register-tile call pays for its accumulator loads, stores and horizontal sums
+ * (measured per core: 26 GMAC/s with KC = 256, 42 with 1024, 44 unchunked). The split into
  * tasks, blocks and chunks changes which outputs are computed together, never the order of
  * the FMAs of one output, so results do not depend on the thread count or on n.
  */
@@ -68,7 +70,7 @@ static int64_t rows_per_block(int64_t cols) {
     return rb < 1 ? 1 : rb;
 }
 
-/* Floats of scratch one thread needs for a product of this type and width. */
+/* Floats of scratch one thread needs for rows of this width. */
 static size_t scratch_floats(int64_t cols) {
     const size_t rb = (size_t)rows_per_block(cols);
     return rb * (size_t)(cols + TILE_PAD) + rb * NB * 8; /* tile (unused by aligned F32) + lanes */
@@ -239,6 +241,7 @@ strata_status strata_gemm_multi(strata_pool *pool, int isa, const strata_mm_item
         if (!x_aligned(it->x, it->cols)) { n_pack += it->n; pack_floats += (size_t)it->n * x_stride(it->cols); }
     }
     if (n_tasks == 0) return STRATA_OK;
+    /* unaligned activations of every item are packed up front: a copy as large as them */
     strata_status rc = STRATA_OK;
     int64_t (*tasks)[3] = malloc((size_t)n_tasks * sizeof *tasks);
     int64_t (*prow)[2] = malloc((size_t)(n_pack > 0 ? n_pack : 1) * sizeof *prow);

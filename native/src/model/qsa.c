@@ -39,6 +39,7 @@ typedef struct {
     int64_t sel_cap;
     float *o;              /* L x H x hd */
     float *scratch;        /* per thread: n_threads x scratch_w */
+    const strata_qtraits *f16;  /* F16 rows -> floats (the KV cache in f16) */
     int64_t scratch_w;
     int kv_type;
 } qsa_job;
@@ -111,8 +112,7 @@ static void load_row(const qsa_job *J, const void *base, int64_t pos, int64_t kv
     if (J->kv_type == STRATA_KV_F32) {
         memcpy(out, (const float *)base + off, (size_t)hd * sizeof(float));
     } else if (J->kv_type == STRATA_KV_F16) {
-        const uint16_t *p = (const uint16_t *)base + off;
-        for (int64_t e = 0; e < hd; e++) out[e] = strata_fp16_to_fp32(p[e]);
+        J->f16->dequant[J->m->isa]((const uint16_t *)base + off, out, hd);   /* F16C on the AVX2 path */
     } else {
         const int8_t *p = (const int8_t *)base + off;
         const float d = J->st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which];
@@ -120,38 +120,53 @@ static void load_row(const qsa_job *J, const void *base, int64_t pos, int64_t kv
     }
 }
 
+/* q·k with eight independent partial sums (a fixed order the compiler can vectorise) */
+static float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
+    for (; e < n; e++) acc[e & 7] += a[e] * b[e];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* One query and one KV head: the group's query heads share every K and V row, so each row is
+ * read (and converted from f16/int8) once for all of them. */
 static void attn_task(void *arg, int64_t task, int thread) {
     const qsa_job *J = arg;
     const mdl_hparams *hp = &J->m->hp;
-    const int64_t H = hp->n_head, hd = hp->head_dim, grp = H / hp->n_head_kv;
-    const int64_t t = task / H, h = task % H, kvh = h / grp;
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, grp = H / Hkv;
+    const int64_t t = task / Hkv, kvh = task % Hkv;
     const int64_t P = J->p0 + t;
     const int32_t ns = J->n_sel[t];
     const int64_t n = ns < 0 ? P + 1 : ns;
     const int32_t *sel = J->sel + t * J->sel_cap;
-    float *w = J->scratch + (int64_t)thread * J->scratch_w;   /* n scores, then a row */
-    float *row = w + n;
-    const float *q = J->q + (t * H + h) * hd;
+    float *w = J->scratch + (int64_t)thread * J->scratch_w;   /* grp x n scores, then a row */
+    float *row = w + grp * n;
+    const float *q = J->q + (t * H + kvh * grp) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    float mx = -FLT_MAX;
     for (int64_t i = 0; i < n; i++) {
-        const int64_t pos = ns < 0 ? i : sel[i];
-        load_row(J, J->st->k, pos, kvh, 0, row);
-        float d = 0.0f;
-        for (int64_t e = 0; e < hd; e++) d += q[e] * row[e];
-        w[i] = d * scale;
-        if (w[i] > mx) mx = w[i];
+        load_row(J, J->st->k, ns < 0 ? i : sel[i], kvh, 0, row);
+        for (int64_t g = 0; g < grp; g++) w[g * n + i] = dot8(q + g * hd, row, hd) * scale;
     }
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) { w[i] = expf(w[i] - mx); sum += w[i]; }
-    const float inv = (float)(1.0 / sum);
-    float *o = J->o + (t * H + h) * hd;
-    for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
+    float *o = J->o + (t * H + kvh * grp) * hd;
+    float inv[256];
+    for (int64_t g = 0; g < grp; g++) {
+        float *wg = w + g * n;
+        float mx = -FLT_MAX;
+        for (int64_t i = 0; i < n; i++) if (wg[i] > mx) mx = wg[i];
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) { wg[i] = expf(wg[i] - mx); sum += wg[i]; }
+        inv[g] = (float)(1.0 / sum);
+        for (int64_t e = 0; e < hd; e++) o[g * hd + e] = 0.0f;
+    }
     for (int64_t i = 0; i < n; i++) {
-        const int64_t pos = ns < 0 ? i : sel[i];
-        load_row(J, J->st->v, pos, kvh, 1, row);
-        const float p = w[i] * inv;
-        for (int64_t e = 0; e < hd; e++) o[e] += p * row[e];
+        load_row(J, J->st->v, ns < 0 ? i : sel[i], kvh, 1, row);
+        for (int64_t g = 0; g < grp; g++) {
+            const float p = w[g * n + i] * inv[g];
+            float *og = o + g * hd;
+            for (int64_t e = 0; e < hd; e++) og[e] += p * row[e];
+        }
     }
 }
 
@@ -189,7 +204,10 @@ strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, floa
     if (sel_cap > p0 + L) sel_cap = p0 + L;
     const int nt = strata_pool_n_threads(m->pool);
     const int64_t n_max = p0 + L;
-    const int64_t scratch_w = (n_max + hd + 2 * (sel_cap + 8)) ;
+    const int64_t grp = H / Hkv;
+    if (grp > 256) return strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il, (long long)grp);
+    int64_t scratch_w = grp * n_max + hd;               /* attention: scores of the group + a row */
+    if (scratch_w < 2 * (sel_cap + 8)) scratch_w = 2 * (sel_cap + 8);  /* selection: the block heap */
     float *qg = malloc((size_t)(L * 2 * H * hd) * sizeof(float));
     float *kv = malloc((size_t)(L * 2 * Hkv * hd) * sizeof(float));
     float *q = malloc((size_t)(L * H * hd) * sizeof(float));
@@ -252,9 +270,9 @@ strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, floa
     }
     qsa_job J = {.m = m, .l = l, .st = st, .p0 = p0, .L = L, .q = q, .iq = iq, .sel = sel, .n_sel = n_sel,
                  .sel_cap = sel_cap, .o = o, .scratch = scratch, .scratch_w = scratch_w,
-                 .kv_type = m->params.kv_type};
+                 .kv_type = m->params.kv_type, .f16 = strata_qtraits_get(GT_F16)};
     strata_pool_run(m->pool, select_task, &J, L);
-    strata_pool_run(m->pool, attn_task, &J, L * H);
+    strata_pool_run(m->pool, attn_task, &J, L * Hkv);
     /* output gate σ(gate) per head, then W_o */
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < H; h++) {

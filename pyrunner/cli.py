@@ -190,11 +190,16 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
                             kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log)
     except (b.BenchError, StrataError) as e:
         raise _fail(e) from None
+    _bench_out(res, as_json, b.format_model_table)
+
+
+def _bench_out(res: dict, as_json: bool, table) -> None:
+    """A benchmark's result: JSON on stdout, or its table."""
     if as_json:
         json.dump(res, sys.stdout)
         sys.stdout.write("\n")
     else:
-        click.echo(b.format_model_table(res))
+        click.echo(table(res))
 
 
 @bench.command("ple")
@@ -221,11 +226,7 @@ def bench_ple(model_path, as_json, threads, decode_tokens, prompt_tokens, gather
                           gather_tokens=gather_tokens, seed=seed, log=log)
     except (b.BenchError, StrataError) as e:
         raise _fail(e) from None
-    if as_json:
-        json.dump(res, sys.stdout)
-        sys.stdout.write("\n")
-    else:
-        click.echo(b.format_ple_table(res))
+    _bench_out(res, as_json, b.format_ple_table)
 
 
 # ------------------------------------------------------------------ generate, chat, batch

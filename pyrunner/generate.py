@@ -286,6 +286,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
             stats["prefill_tps"] = (len(ids) - reused) / dt
     else:
         logits = hist.logits
+    win = model.offload_stats() if ctl is not None else None   # decode windows start after the prefill
 
     dec = model.tokenizer.stream()
     history = list(ids)            # what the penalties look at: prompt + sampled tokens
@@ -318,10 +319,9 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
             yield emit
         if crit.done:
             break
-        win0 = model.offload_stats() if ctl is not None else None
         logits = _eval(sess, hist, [tok])
         if ctl is not None:
-            _observe(model, ctl, win0)
+            win = _observe(model, ctl, win)     # this window's counters start where the last one's end
 
     stats["generated_tokens"] = n_sampled
     if t_first is not None and n_sampled > 1:

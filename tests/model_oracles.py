@@ -16,6 +16,7 @@ forward hook captured; where the recomputation has no tie it must select the sam
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -34,7 +35,9 @@ N_TEXT_TOKENS = 300
 EOS0, EOS_LAST = 300, 302
 
 
+@functools.lru_cache(maxsize=None)
 def tiny_hf_tool():
+    """tools/make_tiny_hf.py as a module (loaded once per process)."""
     spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -34,11 +34,7 @@ F32_TOL = 1e-3
 Q8_TOP1_MIN = 0.75
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from model_oracles import tiny_hf_tool as _tool  # noqa: E402  (tools/make_tiny_hf.py, loaded once)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ setting is read once per process) and with none (STRATA_GEMM=0) and compares the
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

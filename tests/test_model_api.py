@@ -159,7 +159,7 @@ def test_reset_and_independent_sessions(tiny):
     a, b = m.session(), m.session()
     ids1, ids2 = _ids(40, seed=2), _ids(40, seed=3)
     ra = a.eval(ids1, all_logits=True)
-    rb = b.eval(ids2, all_logits=True)
+    b.eval(ids2, all_logits=True)
     a.reset()
     assert a.n_past == 0
     assert np.array_equal(a.eval(ids1, all_logits=True), ra)

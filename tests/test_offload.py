@@ -244,7 +244,7 @@ def test_expert_pack(tiny, reference, tmp_path):
     data = open(pack, "rb").read()
     g = GGUFFile(tiny)
     for lay in side["layers"]:
-        il, blob = lay["layer"], lay["blob_bytes"]
+        blob = lay["blob_bytes"]
         for e in (0, 5):
             want = b"".join(bytes(g.tensor_data(pc["tensor"])[e * pc["bytes"]:(e + 1) * pc["bytes"]])
                             for pc in lay["pieces"])

@@ -7,7 +7,6 @@ Models: the `tiny` preset (f32) for the access modes; tools/make_tiny_hf.py --mo
 is ModelOpt NVFP4 shards, one weight_scale_2 each) for the packed table."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -141,11 +140,7 @@ def test_without_stall_the_same_timeout_passes(tiny):
 
 # ---------------------------------------------------------------------------------------------- packed NVFP4
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from model_oracles import tiny_hf_tool as _tool  # noqa: E402  (tools/make_tiny_hf.py, loaded once)
 
 
 @pytest.fixture(scope="module")

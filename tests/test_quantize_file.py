@@ -41,11 +41,7 @@ REL_BOUND = {"F32": 0.0, "F16": 1e-3, "Q8_0": 0.010, "Q6_K": 0.028, "Q5_1": 0.05
 TOP1_MIN = {"q8_0": 0.80, "q4_k_m": 0.50, "iq2_xs": 0.15, "nvfp4": 0.15, "nvfp4+scale-always": 0.15}
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("make_tiny_hf", ROOT / "tools" / "make_tiny_hf.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from model_oracles import tiny_hf_tool as _tool  # noqa: E402  (tools/make_tiny_hf.py, loaded once)
 
 
 @pytest.fixture(scope="module")

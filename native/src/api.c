@@ -225,22 +225,34 @@ strata_status strata_quantize(int32_t type, const float *src, int64_t nrows, int
     return STRATA_OK;
 }
 
+/* The checks strata_matmul and strata_gemm share. *run is 0 when there is nothing to compute. */
+static strata_status product_args(const char *what, int32_t type, const void *w, uint64_t w_size, int64_t rows,
+                                  int64_t cols, const float *x, int64_t n, const float *y, strata_isa isa,
+                                  const strata_qtraits **t, int *idx, int *run) {
+    uint64_t rs = 0;
+    strata_status st;
+    *run = 0;
+    if ((st = traits_for(type, t)) || (st = row_size(*t, cols, &rs)) || (st = isa_index(isa, idx))) return st;
+    if (rows < 0 || n < 0) return strata_fail(STRATA_ERR_INVALID_ARG, "%s: negative rows or n", what);
+    if (!(*t)->vec_dot[*idx] || !(*t)->dequant[STRATA_ISA_IDX_SCALAR])
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "%s: no %s kernel", (*t)->name, what);
+    if (rs * (uint64_t)rows != w_size)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%s: %lld x %lld weights need %llu bytes, got %llu", (*t)->name,
+                           (long long)rows, (long long)cols, (unsigned long long)(rs * (uint64_t)rows),
+                           (unsigned long long)w_size);
+    if (rows == 0 || n == 0) return STRATA_OK;
+    if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "%s: NULL buffer", what);
+    *run = 1;
+    return STRATA_OK;
+}
+
 strata_status strata_matmul(strata_context *ctx, int32_t type, const void *w, uint64_t w_size,
                             int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
                             strata_isa isa) {
     const strata_qtraits *t = NULL;
-    uint64_t rs = 0;
-    int idx = 0;
-    strata_status st;
-    if ((st = traits_for(type, &t)) || (st = row_size(t, cols, &rs)) || (st = isa_index(isa, &idx))) return st;
-    if (rows < 0 || n < 0) return strata_fail(STRATA_ERR_INVALID_ARG, "matmul: negative rows or n");
-    if (!t->vec_dot[idx]) return strata_fail(STRATA_ERR_UNSUPPORTED, "%s: no dot-product kernel", t->name);
-    if (rs * (uint64_t)rows != w_size)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "%s: %lld x %lld weights need %llu bytes, got %llu", t->name,
-                           (long long)rows, (long long)cols, (unsigned long long)(rs * (uint64_t)rows),
-                           (unsigned long long)w_size);
-    if (rows == 0 || n == 0) return STRATA_OK;
-    if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "matmul: NULL buffer");
+    int idx = 0, run = 0;
+    strata_status st = product_args("matmul", type, w, w_size, rows, cols, x, n, y, isa, &t, &idx, &run);
+    if (st || !run) return st;
     return strata_matmul_run(ctx ? ctx->pool : NULL, t, idx, w, rows, cols, x, n, y);
 }
 
@@ -248,18 +260,8 @@ strata_status strata_gemm(strata_context *ctx, int32_t type, const void *w, uint
                           int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
                           strata_isa isa) {
     const strata_qtraits *t = NULL;
-    uint64_t rs = 0;
-    int idx = 0;
-    strata_status st;
-    if ((st = traits_for(type, &t)) || (st = row_size(t, cols, &rs)) || (st = isa_index(isa, &idx))) return st;
-    if (rows < 0 || n < 0) return strata_fail(STRATA_ERR_INVALID_ARG, "gemm: negative rows or n");
-    if (!t->vec_dot[idx] || !t->dequant[STRATA_ISA_IDX_SCALAR])
-        return strata_fail(STRATA_ERR_UNSUPPORTED, "%s: no kernels for the GEMM", t->name);
-    if (rs * (uint64_t)rows != w_size)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "%s: %lld x %lld weights need %llu bytes, got %llu", t->name,
-                           (long long)rows, (long long)cols, (unsigned long long)(rs * (uint64_t)rows),
-                           (unsigned long long)w_size);
-    if (rows == 0 || n == 0) return STRATA_OK;
-    if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "gemm: NULL buffer");
+    int idx = 0, run = 0;
+    strata_status st = product_args("gemm", type, w, w_size, rows, cols, x, n, y, isa, &t, &idx, &run);
+    if (st || !run) return st;
     return strata_gemm_run(ctx ? ctx->pool : NULL, t, idx, w, rows, cols, x, n, y);
 }

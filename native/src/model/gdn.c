@@ -38,17 +38,6 @@ typedef struct {
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* a·b with eight independent partial sums: a fixed order the compiler can vectorise (a plain
- * running sum is a serial chain under strict IEEE semantics) */
-static inline float dot8(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t e = 0;
-    for (; e + 8 <= n; e += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
-    for (; e < n; e++) acc[e & 7] += a[e] * b[e];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
-
 static void head_recurrent(const gdn_job *J, int h, float *S) {
     const mdl_hparams *hp = &J->m->hp;
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
@@ -106,7 +95,7 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #define BETA(i) (J->beta[(c0 + (i)) * Gv + h])
         for (int64_t i = 0; i < n; i++)
             for (int64_t j = 0; j < i; j++) {
-                const float d = dot8(KROW(i), KROW(j), dk);
+                const float d = mdl_dot8(KROW(i), KROW(j), dk);
                 A[i * C + j] = BETA(i) * d * expf(gam[i] - gam[j]);
             }
         /* forward substitution: U_i = β_i v_i − Σ_{j<i} A_ij U_j; W_i = β_i e^{γ_i} k_i − Σ A_ij W_j */
@@ -145,7 +134,7 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
                 for (int64_t j = 0; j < dv; j++) o[j] += w * Se[j];
             }
             for (int64_t jj = 0; jj <= i; jj++) {
-                const float w = dot8(qi, KROW(jj), dk) * expf(gam[i] - gam[jj]);
+                const float w = mdl_dot8(qi, KROW(jj), dk) * expf(gam[i] - gam[jj]);
                 const float *Vj = U + jj * dv;
                 for (int64_t j = 0; j < dv; j++) o[j] += w * Vj[j];
             }

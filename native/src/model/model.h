@@ -168,6 +168,11 @@ struct strata_session {
     float *c;                  /* cap x hc inject factors */
 };
 
+/* The .scale of matrix mi of w (1 when the tensor has none). */
+static inline float mdl_mat_scale(const mdl_mat *w, int64_t mi) {
+    return w->scale ? w->scale[w->n_scale == 1 ? 0 : mi] : 1.0f;
+}
+
 /* ---------------------------------------------------------------- ops (ops.c) */
 
 /* y[L x mat.rows] = mat(index `mi` for stacked tensors) x[L x mat.cols], times its .scale. */
@@ -179,6 +184,16 @@ void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y)
 void mdl_group_rmsnorm(const float *x, const float *w, int64_t groups, int64_t n, float eps, float *y);
 static inline float mdl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline float mdl_silu(float x) { return x / (1.0f + expf(-x)); }
+/* a·b with eight independent partial sums, reduced as strata_hsum8: a fixed order that the
+ * compiler can vectorise (a plain running sum is a serial chain under strict IEEE rules). */
+static inline float mdl_dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
+    for (; e < n; e++) acc[e & 7] += a[e] * b[e];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
 /* NeoX rotation of the first n_rot dims of x (pairs i, i + n_rot/2) by cos/sin[n_rot/2]. */
 void mdl_rope(float *x, int32_t n_rot, const float *cs, const float *sn);
 /* cos/sin of position pos for the n_rot/2 frequencies, as transformers computes them (fp32). */

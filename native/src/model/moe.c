@@ -68,9 +68,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static float mat_scale(const mdl_mat *w, int64_t e) {
-    return w->scale ? w->scale[w->n_scale == 1 ? 0 : e] : 1.0f;
-}
 
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y) {
     strata_model *m = s->m;
@@ -178,7 +175,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n || (kind && kind[e] != OFF_CPU)) continue;
-        const float s1 = mat_scale(&l->exp_gate, e), s2 = l->exp_fused ? s1 : mat_scale(&l->exp_up, e);
+        const float s1 = mdl_mat_scale(&l->exp_gate, e), s2 = l->exp_fused ? s1 : mdl_mat_scale(&l->exp_up, e);
         const float *g = gu + r0 * 2 * Fe;
         float *h = hb + r0 * Fe;
         for (int64_t i = 0; i < n; i++)
@@ -190,7 +187,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
             }
     }
     {
-        const float s1 = mat_scale(&l->sh_gate, 0), s2 = mat_scale(&l->sh_up, 0);
+        const float s1 = mdl_mat_scale(&l->sh_gate, 0), s2 = mdl_mat_scale(&l->sh_up, 0);
         for (int64_t i = 0; i < L * Fs; i++) shb[i] = mdl_silu(sg[i] * s1) * (su[i] * s2);
     }
     nm_ = 0;
@@ -209,7 +206,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n || (kind && kind[e] == OFF_SKIP)) continue;   /* a skipped expert adds nothing */
-        const float sd = mat_scale(&l->exp_down, e);
+        const float sd = mdl_mat_scale(&l->exp_down, e);
         for (int64_t i = 0; i < n; i++) {
             const int64_t sl = slot[r0 + i];
             const float w = pw[sl] * sd;
@@ -219,7 +216,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         }
     }
     {
-        const float sd = mat_scale(&l->sh_down, 0);
+        const float sd = mdl_mat_scale(&l->sh_down, 0);
         for (int64_t t = 0; t < L; t++) {
             const float *ut = u + t * E;
             float d = 0.0f;

@@ -17,7 +17,7 @@ strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, co
     strata_status rc = strata_mm_auto(m->pool, w->t, m->isa, data, w->rows, w->cols, x, L, y);
     if (rc) return rc;
     if (w->scale) {
-        const float s = w->scale[w->n_scale == 1 ? 0 : mi];
+        const float s = mdl_mat_scale(w, mi);
         for (int64_t i = 0; i < L * w->rows; i++) y[i] *= s;
     }
     return STRATA_OK;

@@ -120,15 +120,6 @@ static void load_row(const qsa_job *J, const void *base, int64_t pos, int64_t kv
     }
 }
 
-/* q·k with eight independent partial sums (a fixed order the compiler can vectorise) */
-static float dot8(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t e = 0;
-    for (; e + 8 <= n; e += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
-    for (; e < n; e++) acc[e & 7] += a[e] * b[e];
-    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-}
 
 /* One query and one KV head: the group's query heads share every K and V row, so each row is
  * read (and converted from f16/int8) once for all of them. */
@@ -147,7 +138,7 @@ static void attn_task(void *arg, int64_t task, int thread) {
     const float scale = 1.0f / sqrtf((float)hd);
     for (int64_t i = 0; i < n; i++) {
         load_row(J, J->st->k, ns < 0 ? i : sel[i], kvh, 0, row);
-        for (int64_t g = 0; g < grp; g++) w[g * n + i] = dot8(q + g * hd, row, hd) * scale;
+        for (int64_t g = 0; g < grp; g++) w[g * n + i] = mdl_dot8(q + g * hd, row, hd) * scale;
     }
     float *o = J->o + (t * H + kvh * grp) * hd;
     float inv[256];

@@ -323,12 +323,9 @@ void off_begin(strata_model *m, int il, int64_t L, int64_t Ne, const int64_t *co
 
 static mdev_group make_group(strata_model *m, int il, int64_t e, int32_t slot, const float *x, int64_t n, float *out) {
     const mdl_layer *l = &m->layers[il];
-    mdev_group g = {.shape = &m->off->shape[il], .slot = slot,
-                    .sg = l->exp_gate.scale ? l->exp_gate.scale[l->exp_gate.n_scale == 1 ? 0 : e] : 1.0f,
-                    .su = l->exp_up.scale ? l->exp_up.scale[l->exp_up.n_scale == 1 ? 0 : e] : 1.0f,
-                    .x = x, .n = n, .out = out};
-    if (l->exp_fused) g.su = g.sg;
-    return g;
+    const float sg = mdl_mat_scale(&l->exp_gate, e);
+    return (mdev_group){.shape = &m->off->shape[il], .slot = slot, .sg = sg,
+                        .su = l->exp_fused ? sg : mdl_mat_scale(&l->exp_up, e), .x = x, .n = n, .out = out};
 }
 
 strata_status off_submit(strata_model *m, int il, int64_t Ne, const int64_t *count, const int8_t *kind,

@@ -29,6 +29,19 @@ typedef struct {
     int64_t rows_per_task;
 } mm_job;
 
+/* Enough tasks to balance the pool (about 8 per thread, at most 64 rows each), but each worth at
+ * least MIN_TASK_BYTES of weight-bytes x columns, so that a small matrix is not split into tasks
+ * cheaper than handing them to another thread. */
+static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_threads) {
+    enum { MIN_TASK_BYTES = 32 << 10 };
+    const int64_t work_row = (int64_t)w_row * (n < COL_TILE ? n : COL_TILE);
+    const int64_t min_rows = (MIN_TASK_BYTES + work_row - 1) / work_row;
+    int64_t rpt = rows / ((int64_t)n_threads * 8);
+    if (rpt > 64) rpt = 64;
+    if (rpt < min_rows) rpt = min_rows;
+    return rpt;
+}
+
 static void act_task(void *arg, int64_t j, int thread) {
     (void)thread;
     mm_job *m = arg;
@@ -82,16 +95,7 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
         m.xa = buf;
         strata_pool_run(n > 1 ? pool : NULL, act_task, &m, n);
     }
-    /* Enough tasks to balance the pool (about 8 per thread, at most 64 rows each), but each
-     * worth at least MIN_TASK_BYTES of weight-bytes x columns, so that a small matrix is not
-     * split into tasks cheaper than handing them to another thread. */
-    enum { MIN_TASK_BYTES = 32 << 10 };
-    const int nt = strata_pool_n_threads(pool);
-    const int64_t work_row = (int64_t)m.w_row * (n < COL_TILE ? n : COL_TILE);
-    const int64_t min_rows = (MIN_TASK_BYTES + work_row - 1) / work_row;
-    int64_t rpt = rows / ((int64_t)nt * 8);
-    if (rpt > 64) rpt = 64;
-    if (rpt < min_rows) rpt = min_rows;
+    const int64_t rpt = rows_per_task(m.w_row, rows, n, strata_pool_n_threads(pool));
     m.rows_per_task = rpt;
     strata_pool_run(pool, mm_task, &m, (rows + rpt - 1) / rpt);
     free(buf);
@@ -165,18 +169,14 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
                 items[j].t->act == it->t->act) { owner[i] = j; break; }
         if (owner[i] == i) { nq += it->n; qbytes += xa_row[i] * (size_t)it->n; }
     }
-    /* row tasks per item, with the single-matmul heuristics */
+    /* row tasks per item, cut as a single matmul is */
     int64_t (*tasks)[3] = NULL;
     int64_t (*qrows)[2] = NULL;
     char *qbuf = NULL;
     for (int i = 0; i < n_items; i++) {
         const strata_mm_item *it = &items[i];
         const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
-        const int64_t work_row = (int64_t)w_row * (it->n < COL_TILE ? it->n : COL_TILE);
-        const int64_t min_rows = ((32 << 10) + work_row - 1) / work_row;
-        int64_t rpt = it->rows / ((int64_t)nth * 8);
-        if (rpt > 64) rpt = 64;
-        if (rpt < min_rows) rpt = min_rows;
+        const int64_t rpt = rows_per_task(w_row, it->rows, it->n, nth);
         nt += (it->rows + rpt - 1) / rpt;
     }
     tasks = malloc((size_t)nt * sizeof *tasks);
@@ -188,11 +188,7 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
     for (int i = 0; i < n_items; i++) {
         const strata_mm_item *it = &items[i];
         const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
-        const int64_t work_row = (int64_t)w_row * (it->n < COL_TILE ? it->n : COL_TILE);
-        const int64_t min_rows = ((32 << 10) + work_row - 1) / work_row;
-        int64_t rpt = it->rows / ((int64_t)nth * 8);
-        if (rpt > 64) rpt = 64;
-        if (rpt < min_rows) rpt = min_rows;
+        const int64_t rpt = rows_per_task(w_row, it->rows, it->n, nth);
         for (int64_t r0 = 0; r0 < it->rows; r0 += rpt) {
             tasks[k][0] = i; tasks[k][1] = r0; tasks[k][2] = r0 + rpt < it->rows ? r0 + rpt : it->rows;
             k++;

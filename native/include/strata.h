@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 1
+#define STRATA_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -345,6 +345,8 @@ typedef struct strata_model_info {
     int32_t ple_layer;      /* -1: no PLE */
     uint64_t weight_bytes;  /* bytes of tensor data */
     uint64_t state_bytes;   /* bytes of one session's state at n_ctx (allocated lazily) */
+    int32_t n_mtp;          /* MTP blocks in the file (nextn_predict_layers; 0: none) */
+    int32_t n_hidden;       /* floats of one row of the pre-mixer stream state: hc x n_embd */
 } strata_model_info;
 
 /* Opens the GGUF, checks every hyperparameter and tensor against the qwen4exp contract, and
@@ -411,6 +413,53 @@ int64_t strata_session_n_past(const strata_session *s);
  * state is undefined: reset it. */
 strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids,
                                   int32_t all_logits, float *logits, uint64_t logits_capacity);
+
+/* ---------------------------------------------------------------- speculative windows, rollback,
+ * checkpoints and the MTP head (DESIGN §5; spec/qwen4exp-mtp.md) */
+typedef enum strata_eval_flags {
+    STRATA_EVAL_ALL_LOGITS = 1,   /* logits of every token (else of the last) */
+    STRATA_EVAL_KEEP_STATES = 2   /* keep the state after each token (a verify window; at most the
+                                     session's spec_max tokens) so strata_session_rollback can
+                                     return to any of them without running the model again */
+} strata_eval_flags;
+/* strata_session_eval with flags and, optionally, the pre-mixer stream state of every token:
+ * hidden (NULL: none) receives n_ids x n_hidden floats, the residual streams after the last
+ * layer and before the final mixer (what the MTP head reads). */
+strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t flags,
+                                     float *logits, uint64_t logits_capacity,
+                                     float *hidden, uint64_t hidden_capacity);
+/* Sizes the per-token state slots of KEEP_STATES windows (n_max tokens; 0 frees them). */
+strata_status strata_session_set_spec_max(strata_session *s, int32_t n_max);
+/* Returns the session to n_past tokens, n_past in [w + 1, current] where w is n_past before the
+ * last KEEP_STATES eval (no eval since). K/V and indexer rows past n_past are dropped, a QSA
+ * block summary that rejected tokens completed is dropped, and the GDN recurrent and conv
+ * state, the PLE conv history and n-gram ids are those after token n_past - 1. */
+strata_status strata_session_rollback(strata_session *s, int64_t n_past);
+
+/* A copy of a session's recurrent state (GDN, PLE) at its n_past and of the ids it holds; the
+ * K/V rows stay in the session. Restoring it is valid while the session's first n_past rows are
+ * still those tokens' (no eval has rewritten them since), which restore checks. */
+typedef struct strata_checkpoint strata_checkpoint;
+strata_status strata_session_checkpoint(strata_session *s, strata_checkpoint **out);
+/* Sets the session to the checkpoint's n_past and state. INVALID_ARG (state untouched) if the
+ * session no longer holds the checkpoint's prefix. */
+strata_status strata_session_restore(strata_session *s, const strata_checkpoint *c);
+int64_t strata_checkpoint_n_past(const strata_checkpoint *c);
+uint64_t strata_checkpoint_bytes(const strata_checkpoint *c);
+void strata_checkpoint_free(strata_checkpoint *c);
+/* Tokens whose K/V rows the session holds consistently with its ids (>= n_past). */
+int64_t strata_session_n_valid(const strata_session *s);
+
+/* One pass of the MTP head (spec/qwen4exp-mtp.md §2) over n rows: row i fuses the hidden row
+ * hidden[i] (n_hidden floats: the trunk's pre-mixer state, or the chain state of the previous
+ * step) with the embedding of ids[i], at position pos0 + i, through the MTP block (its own K/V
+ * and indexer cache: rows from pos0 on are replaced, rows before pos0 are read) and its mixer,
+ * then the trunk's LM head. Outputs, for every row with STRATA_EVAL_ALL_LOGITS in flags or the
+ * last otherwise: logits (n_vocab floats a row) and chain (n_hidden floats a row, the MTP's own
+ * pre-mixer state, the next step's hidden input). UNSUPPORTED when the model has no MTP block. */
+strata_status strata_session_mtp(strata_session *s, const float *hidden, const int32_t *ids, int64_t n,
+                                 int64_t pos0, int32_t flags, float *logits, uint64_t logits_capacity,
+                                 float *chain, uint64_t chain_capacity);
 
 /* ---------------------------------------------------------------- PLE table (DESIGN §6) */
 /* The n-gram table is read in place from the GGUF or from a packed NVFP4 file (strata pack-ple;

@@ -107,6 +107,7 @@ typedef struct {
     int gate_sigmoid;                          /* GDN output gate: 1 sigmoid, 0 silu */
     /* MoE */
     int32_t n_expert, n_expert_used, ff_exp, ff_shexp;
+    int32_t n_mtp;                             /* MTP blocks (nextn_predict_layers), 0 or 1; the block is layers[n_layer] */
     /* PLE */
     int32_t ple_layer;                         /* -1: none */
     int32_t ple_n, ple_heads_per, ple_kp, ple_row_dim;
@@ -151,6 +152,8 @@ typedef struct {
     float *idx_k;              /* QSA: [n_ctx][Di] raw indexer keys */
     float *blk;                /* QSA: [n_ctx / r][Di] block summaries (normed, roped) */
     int64_t n_blk;             /* summaries computed so far */
+    float *S_slots;            /* GDN, KEEP_STATES windows: spec_max x S, the state after each token */
+    float *conv_slots;         /* GDN: spec_max x conv, likewise */
 } mdl_layer_state;
 
 struct strata_session {
@@ -161,6 +164,16 @@ struct strata_session {
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
     strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
+    int32_t *tokens;           /* [n_ctx] the id behind each K/V row */
+    int64_t n_valid;           /* rows [0, n_valid) hold tokens[0, n_valid) consistently (>= n_past) */
+    /* KEEP_STATES windows (spec.c): state after each token of the last such eval */
+    int32_t spec_max;          /* slot count (0: none) */
+    int64_t spec_start;        /* n_past before that eval; -1: no window to roll back into */
+    int64_t spec_n;            /* its tokens */
+    int spec_on;               /* set during that eval: the blocks fill the slots */
+    float *ple_conv_slots;     /* spec_max x PLE conv history */
+    int32_t *ple_ctx_slots;    /* spec_max x MDL_MAX_NGRAM ids */
+    /* the MTP block's cache is ls[hp.n_layer] (a QSA layer state) */
     /* scratch, sized for cap = n_ubatch tokens; blocks allocate their own temporaries */
     int64_t cap;
     float *X;                  /* cap x hc*E residual streams */
@@ -227,6 +240,9 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
 /* load.c: hyperparameters and weights (m->gguf, m->params set); release frees owned copies. */
 strata_status mdl_model_load(strata_model *m);
 void mdl_model_release(strata_model *m);
+
+/* spec.c: the state after token t of a KEEP_STATES window goes to slot t */
+static inline int mdl_spec_active(const strata_session *s) { return s->spec_on; }
 
 /* state.c */
 strata_status mdl_session_alloc(strata_model *m, strata_session *s);

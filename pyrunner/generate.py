@@ -47,6 +47,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .mtp import MTPDecoder
 from .sampling import Sampler, SamplingParams, StopCriteria
 
 # Control tokens that end a turn in the chat formats Strata meets (ChatML/Qwen first); a file's own
@@ -59,7 +60,10 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "cache_hits", "cache_lookups", "hit_rate", "cache_swaps", "pcie_groups", "pcie_bytes",
               "cpu_groups", "cpu_s", "skipped_experts", "pcie_frac",
               # the PLE table (DESIGN §6, §9): present when the model has one
-              "ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
+              "ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s",
+              # MTP drafts (DESIGN §5, §9; pyrunner.mtp): present with mtp > 0
+              "drafts_proposed", "drafts_accepted", "acceptance_rate", "mean_accepted_len", "mtp_windows",
+              "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s")
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
@@ -146,29 +150,7 @@ class CompletionStream:
 # ------------------------------------------------------------------------------------ sessions
 
 
-class _History:
-    """The tokens a session's state holds, and the logits after the last of them."""
-
-    __slots__ = ("tokens", "logits")
-
-    def __init__(self):
-        self.tokens: list[int] = []
-        self.logits: np.ndarray | None = None
-
-
-_histories: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _eog_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _history(sess) -> _History:
-    h = _histories.get(sess)
-    if h is None or len(h.tokens) != sess.n_past:
-        # unknown to us, or evaluated behind our back: only a fresh start is safe
-        if sess.n_past:
-            sess.reset()
-        h = _History()
-        _histories[sess] = h
-    return h
 
 
 def default_session(model):
@@ -182,34 +164,8 @@ def default_session(model):
 
 
 def forget(sess) -> None:
-    """Reset a session and its history (what chat's /reset does)."""
-    sess.reset()
-    _histories.pop(sess, None)
-
-
-def _eval(sess, hist: _History, ids: list[int]) -> np.ndarray:
-    """Evaluate ids after the session's state and record them; on any failure or interrupt the
-    state is unknown, so the history is dropped (the next request resets the session)."""
-    try:
-        logits = sess.eval(ids)
-        hist.tokens.extend(ids)
-        hist.logits = logits
-    except BaseException:
-        _histories.pop(sess, None)               # _history() resets the session next time
-        raise
-    return logits
-
-
-def _plan_reuse(sess, ids: list[int]) -> tuple[_History, int]:
-    """(history, tokens of ids the state already holds); resets the session when it cannot reuse."""
-    hist = _history(sess)
-    n = len(hist.tokens)
-    if n and n <= len(ids) and hist.tokens == ids[:n] and (n < len(ids) or hist.logits is not None):
-        return hist, n
-    if n:
-        forget(sess)
-        hist = _history(sess)
-    return hist, 0
+    """Reset a session and drop its checkpoints (what chat's /reset does)."""
+    sess.forget()
 
 
 # ------------------------------------------------------------------------------------ prompt, EOS
@@ -265,27 +221,30 @@ def _check_fits(model, ids: list[int]) -> None:
                          f"shorten the prompt or raise n_ctx (--n-ctx)")
 
 
-def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float):
+def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
+          mtp: int = 0, checkpoint_at=(), draft_hook=None):
     """Generator: yields text pieces, returns the Completion."""
     n_ctx = model.n_ctx
     _check_fits(model, ids)
     sampler = Sampler(params)
     crit = StopCriteria(params.stop, eog, params.max_tokens)
-    hist, reused = _plan_reuse(sess, ids)
-    stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
     off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
     ple0 = sess.stats() if getattr(model, "has_ple", False) and hasattr(sess, "stats") else None
     ctl = _controller(model) if off0 is not None else None
+    drafter = MTPDecoder(sess, sampler, mtp, draft_hook) if mtp > 0 else None
 
+    reused = sess.reuse(ids)
+    prev_row = sess.hidden
+    stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
+    t0 = time.perf_counter()
+    logits, rows, _ = sess.prefill(ids, hidden=drafter is not None, checkpoint_at=checkpoint_at)
     if reused < len(ids):
-        t0 = time.perf_counter()
-        logits = _eval(sess, hist, ids[reused:])
         dt = time.perf_counter() - t0
         stats["prefill_s"] = dt
         if dt > 0:
             stats["prefill_tps"] = (len(ids) - reused) / dt
-    else:
-        logits = hist.logits
+    if drafter is not None:
+        drafter.begin(ids, reused, rows, prev_row)
     win = model.offload_stats() if ctl is not None else None   # decode windows start after the prefill
 
     dec = model.tokenizer.stream()
@@ -294,41 +253,57 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     parts: list[str] = []
     n_sampled = 0
     t_first = None
-    while not crit.done:
-        tok = sampler.sample(logits, history)
-        n_sampled += 1
-        if t_first is None:
-            t_first = time.perf_counter()
-            stats["ttft_s"] = t_first - t_start
-        history.append(tok)
-        if tok in eog:
-            tail = dec.flush()                # an unfinished character before the end (U+FFFD)
-            emit = crit.text.push(tail) if tail else ""
-            emit += crit.feed(tok, "")
-        else:
-            out_tokens.append(tok)
-            piece = dec.push(tok)
-            if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
-                piece += dec.flush()          # the last token: release an unfinished character
-            emit = crit.feed(tok, piece)
-        if not crit.done and sess.n_past >= n_ctx:
-            emit += crit.text.push(dec.flush())
-            emit += crit.finish("length")     # the context is full: the sampled token cannot be evaluated
-        if emit:
-            parts.append(emit)
-            yield emit
+    new = [] if crit.done else [sampler.sample(logits, history)]
+    while new:
+        for i, tok in enumerate(new):
+            n_sampled += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+                stats["ttft_s"] = t_first - t_start
+            history.append(tok)
+            if tok in eog:
+                tail = dec.flush()                # an unfinished character before the end (U+FFFD)
+                emit = crit.text.push(tail) if tail else ""
+                emit += crit.feed(tok, "")
+            else:
+                out_tokens.append(tok)
+                piece = dec.push(tok)
+                if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
+                    piece += dec.flush()          # the last token: release an unfinished character
+                emit = crit.feed(tok, piece)
+            if not crit.done and len(history) > n_ctx:   # tok sits at position n_ctx: it cannot be evaluated
+                emit += crit.text.push(dec.flush())
+                emit += crit.finish("length")     # the context is full: the sampled token cannot be evaluated
+            if emit:
+                parts.append(emit)
+                yield emit
+            if crit.done:
+                if drafter is not None and i + 1 < len(new):
+                    drafter.truncate(i)           # the state holds the tokens before this one only
+                break
         if crit.done:
             break
-        logits = _eval(sess, hist, [tok])
+        tok = new[-1]
+        if drafter is None:
+            new = [sampler.sample(sess.eval([tok]), history)]
+        else:
+            # drafts that fit the context and the tokens still wanted; the window evaluates tok too
+            k = n_ctx - sess.n_past - 1
+            if crit.max_tokens is not None:
+                k = min(k, crit.max_tokens - crit.n_tokens - 1)
+            new = drafter.round(tok, history, k)
         if ctl is not None:
             win = _observe(model, ctl, win)     # this window's counters start where the last one's end
 
+    sess.save()                                 # a checkpoint where this request ends (prefix reuse)
     stats["generated_tokens"] = n_sampled
     if t_first is not None and n_sampled > 1:
         dt = time.perf_counter() - t_first
         stats["decode_s"] = dt
         if dt > 0:
             stats["decode_tps"] = (n_sampled - 1) / dt
+    if drafter is not None:
+        stats.update(drafter.stats())
     stats.update(_offload_stats(model, off0))
     if ple0 is not None:
         ple1 = sess.stats()
@@ -351,19 +326,26 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
              repeat_last_n: int = 64, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              seed: int | None = None, stop: str | Sequence[str] | None = None,
              logit_bias: dict[int, float] | None = None, stream: bool = False, session=None,
-             add_special: bool = True) -> Completion | CompletionStream:
+             add_special: bool = True, mtp: int | None = None, checkpoint_at=(),
+             draft_hook=None) -> Completion | CompletionStream:
     """Continue `prompt` (text, or token ids) on `model`. Sampling arguments and defaults are
     llama.cpp's (sampling.py documents each); max_tokens None or < 0: until an end-of-generation
     token or a full context. `session`: a model.session() whose state to continue from (prefix
     reuse, see the module docstring); default: one session per model, shared by these calls.
-    stream=False returns a Completion; stream=True a CompletionStream of text pieces."""
+    stream=False returns a Completion; stream=True a CompletionStream of text pieces. mtp: drafts per
+    verify window (None: the model's `mtp`; 0: off; pyrunner.mtp); checkpoint_at: prompt positions
+    to keep a prefix-reuse checkpoint at (e.g. where the next request's prompt will differ);
+    draft_hook: pyrunner.mtp's test hook."""
     t_start = time.perf_counter()
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                      presence_penalty, frequency_penalty, seed, stop, logit_bias)
     ids = prompt_ids(model, prompt, add_special)
     _check_fits(model, ids)                  # now, not at the first piece of a stream
     sess = session if session is not None else default_session(model)
-    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start)
+    k = getattr(model, "mtp", 0) if mtp is None else int(mtp)
+    if k < 0:
+        raise ValueError(f"mtp must be >= 0 (got {k})")
+    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start, k, checkpoint_at, draft_hook)
     if stream:
         return CompletionStream(gen)
     try:

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import StrataError, check, ffi, lib
 
 KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
 DEVICES = {"cpu": lib.STRATA_DEVICE_CPU, "sim": lib.STRATA_DEVICE_SIM, "cuda": lib.STRATA_DEVICE_CUDA}
@@ -94,6 +94,9 @@ class Model:
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
+        if mtp < 0:
+            raise ValueError(f"mtp must be >= 0 (got {mtp})")
+        self.mtp = int(mtp)                    # drafts per verify window generate() uses (0: off)
         self.pcie_frac_fixed = pcie_frac is not None
         p = ffi.new("strata_model_params *", lib.strata_model_default_params())
         p.n_threads = int(threads or 0)
@@ -129,6 +132,8 @@ class Model:
         self.state_bytes = int(info.state_bytes)
         self.ple_layer = int(info.ple_layer)
         self.has_ple = self.ple_layer >= 0
+        self.n_mtp = int(info.n_mtp)            # MTP blocks in the file (0: no draft head)
+        self.n_hidden = int(info.n_hidden)
         self._metadata = None
         self._tokenizer = None
         self._sessions = []
@@ -226,8 +231,28 @@ class Model:
                 f"kv_type={self.kv_type!r}, threads={self.n_threads})")
 
 
+class _Saved:
+    """A prefix-reuse checkpoint: the state after tokens[:n], the logits (and pre-mixer row) there."""
+
+    __slots__ = ("tokens", "ckpt", "logits", "hidden")
+
+    def __init__(self, tokens, ckpt, logits, hidden):
+        self.tokens, self.ckpt, self.logits, self.hidden = tokens, ckpt, logits, hidden
+
+
 class Session:
-    """One sequence's state: eval() appends tokens and returns logits."""
+    """One sequence's state: eval() appends tokens and returns logits.
+
+    The session also remembers what its state holds (`tokens`, and the `logits` / `hidden` row after
+    the last of them) and keeps prefix-reuse checkpoints (DESIGN §5): prefill(ids) brings the state to
+    hold ids by evaluating only what neither the state nor a checkpoint already covers. Checkpoints
+    are taken at the end of every prefill, every `checkpoint_every` tokens of a long one (0: off), at
+    positions a caller names, and by save() (generate calls it when a request ends); the newest
+    `max_checkpoints` are kept. A checkpoint copies only the recurrent state (GDN, PLE), so it costs
+    what the model's state_bytes minus its K/V would."""
+
+    checkpoint_every = 4096
+    max_checkpoints = 4
 
     def __init__(self, model: Model):
         if model._ptr is None:
@@ -236,6 +261,79 @@ class Session:
         out = ffi.new("strata_session **")
         check(lib.strata_session_init(model._ptr, out))
         self._ptr = ffi.gc(out[0], lib.strata_session_free)
+        self.tokens: list[int] = []          # the ids the state holds, in order (len == n_past)
+        self.logits: np.ndarray | None = None   # logits after the last of them (None: not known)
+        self.hidden: np.ndarray | None = None   # its pre-mixer stream row, when asked for
+        self._saved: list[_Saved] = []
+        self._unknown = False                # an eval failed or was interrupted: the state is unknown
+
+    # ------------------------------------------------------------------ prefix reuse
+    def reuse(self, ids) -> int:
+        """Brings the state to the longest prefix of ids it can hold without evaluating (its own
+        tokens, or a checkpoint's) and returns that length; len(ids) only when the logits there are
+        known. Resets the session when nothing is shared."""
+        ids = list(ids)
+        if self._unknown:
+            self.reset()
+        n = len(self.tokens)
+        if n <= len(ids) and self.tokens == ids[:n] and (n < len(ids) or self.logits is not None):
+            return n
+        for rec in sorted(self._saved, key=lambda r: -len(r.tokens)):
+            k = len(rec.tokens)
+            if k <= len(ids) and rec.tokens == ids[:k] and k > 0:
+                try:
+                    self.restore(rec.ckpt)
+                except StrataError:            # its rows were rewritten since: it is of no use any more
+                    self._saved.remove(rec)
+                    continue
+                self.tokens = list(rec.tokens)
+                self.logits, self.hidden = rec.logits, rec.hidden
+                return k
+        self.reset()
+        return 0
+
+    def prefill(self, ids, hidden: bool = False, checkpoint_at=()) -> tuple:
+        """Makes the state hold exactly ids, evaluating only what reuse() cannot give back, with
+        checkpoints at the end, every checkpoint_every tokens and at the positions in checkpoint_at.
+        Returns (logits after the last id, pre-mixer rows of the evaluated tokens (n, n_hidden) or
+        None, tokens reused)."""
+        ids = [int(t) for t in ids]
+        r = self.reuse(ids)
+        if r == len(ids):
+            return self.logits, (np.empty((0, self.model.n_hidden), np.float32) if hidden else None), r
+        cuts = {c for c in checkpoint_at if r < c < len(ids)}
+        if self.checkpoint_every > 0:
+            cuts.update(range((r // self.checkpoint_every + 1) * self.checkpoint_every, len(ids),
+                              self.checkpoint_every))
+        pos, rows, logits = r, [], None
+        for c in sorted(cuts) + [len(ids)]:
+            out = self.eval(ids[pos:c], hidden=hidden)
+            logits = out[0] if hidden else out
+            if hidden:
+                rows.append(out[1])
+            pos = c
+            self.save()
+        return logits, (np.concatenate(rows) if hidden else None), r
+
+    def save(self) -> None:
+        """A checkpoint of the state as it is now (nothing if one exists for these tokens)."""
+        n = len(self.tokens)
+        if n == 0 or self._unknown or self.logits is None:
+            return
+        if any(len(rec.tokens) == n for rec in self._saved):   # tokens[:n] are ours: it is the same one
+            return
+        self._saved.append(_Saved(list(self.tokens), self.checkpoint(), self.logits, self.hidden))
+        del self._saved[:-self.max_checkpoints or None]
+
+    def forget(self) -> None:
+        """reset() and drop every checkpoint."""
+        self.reset()
+        self._saved = []
+
+    @property
+    def checkpoints(self) -> list[int]:
+        """Positions of the checkpoints kept."""
+        return sorted(len(r.tokens) for r in self._saved)
 
     @property
     def n_past(self) -> int:
@@ -247,7 +345,10 @@ class Session:
         return self._ptr
 
     def reset(self) -> None:
+        """Forgets the sequence (n_past = 0). Checkpoints stay usable: the K/V rows they need are
+        kept until an eval rewrites them."""
         lib.strata_session_reset(self._live())
+        self.tokens, self.logits, self.hidden, self._unknown = [], None, None, False
 
     def stats(self) -> dict:
         """PLE counters since the session was created (DESIGN §9 keys ple_rows, ple_read_bytes,
@@ -264,9 +365,12 @@ class Session:
             out.update(off)
         return out
 
-    def eval(self, token_ids, all_logits: bool = False) -> np.ndarray:
+    def eval(self, token_ids, all_logits: bool = False, hidden: bool = False, keep_states: bool = False):
         """Runs token_ids after the tokens already seen. Returns the last position's logits
-        (n_vocab,) float32, or (len(token_ids), n_vocab) with all_logits=True."""
+        (n_vocab,) float32, or (len(token_ids), n_vocab) with all_logits=True. hidden=True also
+        returns the pre-mixer stream state of every token, (len(token_ids), n_hidden), as a second
+        value (what the MTP head reads). keep_states=True makes this a verify window that
+        rollback() can cut short (at most set_spec_max() tokens)."""
         ptr = self._live()
         ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1))
         if ids.size == 0:
@@ -277,11 +381,101 @@ class Session:
         ids32 = ids.astype(np.int32)
         V = self.model.n_vocab
         out = np.empty((ids.size, V) if all_logits else (V,), dtype=np.float32)
-        check(lib.strata_session_eval(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size,
-                                      1 if all_logits else 0, ffi.cast("float *", out.ctypes.data), out.size))
-        return out
+        hid = np.empty((ids.size, self.model.n_hidden), dtype=np.float32) if hidden else None
+        flags = (lib.STRATA_EVAL_ALL_LOGITS if all_logits else 0) | (lib.STRATA_EVAL_KEEP_STATES if keep_states else 0)
+        n0 = len(self.tokens)
+        self._saved = [r for r in self._saved if len(r.tokens) <= n0]   # rows past n0 are rewritten
+        try:
+            check(lib.strata_session_eval_ex(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size, flags,
+                                             ffi.cast("float *", out.ctypes.data), out.size,
+                                             ffi.cast("float *", hid.ctypes.data) if hidden else ffi.NULL,
+                                             hid.size if hidden else 0))
+        except StrataError as e:
+            if e.status not in (lib.STRATA_ERR_INVALID_ARG, lib.STRATA_ERR_BUFFER_TOO_SMALL):
+                self._unknown = True   # refused arguments leave the state as it was; anything else does not:
+            raise                      # reuse() starts over
+        except BaseException:          # an interrupt inside the call
+            self._unknown = True
+            raise
+        self.tokens.extend(int(t) for t in ids)
+        self.logits = out[-1] if all_logits else out
+        self.hidden = hid[-1] if hidden else None
+        return (out, hid) if hidden else out
+
+    # ------------------------------------------------------------------ rollback and checkpoints
+    def set_spec_max(self, n: int) -> None:
+        """Per-token state slots for verify windows of up to n tokens (0 frees them)."""
+        check(lib.strata_session_set_spec_max(self._live(), int(n)))
+
+    def rollback(self, n_past: int, logits=None, hidden=None) -> None:
+        """Back to n_past tokens inside the last keep_states window, without running the model
+        (logits / hidden: the window's rows for that position, if the caller wants them remembered)."""
+        check(lib.strata_session_rollback(self._live(), int(n_past)))
+        del self.tokens[int(n_past):]
+        self.logits, self.hidden = logits, hidden
+
+    @property
+    def n_valid(self) -> int:
+        """Tokens whose K/V rows the session still holds (>= n_past): a checkpoint up to here restores."""
+        return int(lib.strata_session_n_valid(self._live()))
+
+    def checkpoint(self) -> "Checkpoint":
+        """A copy of the recurrent state at n_past (the K/V rows stay in the session)."""
+        out = ffi.new("strata_checkpoint **")
+        check(lib.strata_session_checkpoint(self._live(), out))
+        return Checkpoint(ffi.gc(out[0], lib.strata_checkpoint_free))
+
+    def restore(self, ckpt: "Checkpoint") -> None:
+        """Back to the checkpoint's n_past; raises StrataError if the session rewrote its tokens since."""
+        check(lib.strata_session_restore(self._live(), ckpt._ptr))
 
     def close(self) -> None:
         if self._ptr is not None:
             ptr, self._ptr = self._ptr, None
             ffi.release(ptr)
+
+    # ------------------------------------------------------------------ MTP head
+    def mtp(self, hidden, ids, pos0: int, all_rows: bool = False):
+        """One pass of the MTP head (strata_session_mtp; spec/qwen4exp-mtp.md §2.2): row i fuses hidden[i] (a
+        pre-mixer row, n_hidden floats: the trunk's from eval(hidden=True), or the chain of the previous step)
+        with token ids[i] at position pos0 + i, through the MTP block's own cache (rows from pos0 on are
+        replaced). Returns (logits, chain): (n_vocab,) and (n_hidden,) for the last row, or (n, n_vocab) and
+        (n, n_hidden) with all_rows=True. Raises UnsupportedError on a file without an MTP block."""
+        ptr = self._live()
+        m = self.model
+        ids32 = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+        if ids32.size == 0:
+            raise ValueError("mtp needs at least one row")
+        if ids32.min() < 0 or ids32.max() >= m.n_vocab:
+            raise ValueError(f"token ids must lie in 0..{m.n_vocab - 1}")
+        ids32 = ids32.astype(np.int32)
+        n = ids32.size
+        hid = np.ascontiguousarray(np.asarray(hidden, dtype=np.float32).reshape(-1))
+        if hid.size != n * m.n_hidden:
+            raise ValueError(f"hidden has {hid.size} values; {n} rows of n_hidden = {m.n_hidden} expected")
+        rows = n if all_rows else 1
+        logits = np.empty((rows, m.n_vocab), dtype=np.float32)
+        chain = np.empty((rows, m.n_hidden), dtype=np.float32)
+        check(lib.strata_session_mtp(ptr, ffi.cast("const float *", hid.ctypes.data),
+                                     ffi.cast("const int32_t *", ids32.ctypes.data), n, int(pos0),
+                                     lib.STRATA_EVAL_ALL_LOGITS if all_rows else 0,
+                                     ffi.cast("float *", logits.ctypes.data), logits.size,
+                                     ffi.cast("float *", chain.ctypes.data), chain.size))
+        return (logits, chain) if all_rows else (logits[0], chain[0])
+
+
+class Checkpoint:
+    """A session's recurrent state at one position (strata_session_checkpoint)."""
+
+    __slots__ = ("_ptr",)
+
+    def __init__(self, ptr):
+        self._ptr = ptr
+
+    @property
+    def n_past(self) -> int:
+        return int(lib.strata_checkpoint_n_past(self._ptr))
+
+    @property
+    def nbytes(self) -> int:
+        return int(lib.strata_checkpoint_bytes(self._ptr))

@@ -173,6 +173,29 @@ def hf_shapes(cfg: dict, ple: dict | None) -> dict[str, tuple]:
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     h, hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     ne, fe, fs = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+
+    def qsa(p):
+        a = f"{p}.self_attn"
+        s[f"{a}.q_proj.weight"] = (2 * h * hd, e)
+        s[f"{a}.k_proj.weight"] = (hkv * hd, e)
+        s[f"{a}.v_proj.weight"] = (hkv * hd, e)
+        s[f"{a}.o_proj.weight"] = (e, h * hd)
+        s[f"{a}.q_norm.weight"] = (hd,)
+        s[f"{a}.k_norm.weight"] = (hd,)
+        di = cfg["indexer_head_dim"]
+        s[f"{a}.indexer.index_qk_proj.weight"] = ((cfg["indexer_n_heads"] + 1) * di, e)
+        s[f"{a}.indexer.q_layernorm.weight"] = (di,)
+        s[f"{a}.indexer.k_layernorm.weight"] = (di,)
+
+    def moe(p):
+        m = f"{p}.mlp"
+        s[f"{m}.gate.weight"] = (ne, e)
+        s[f"{m}.experts.gate_up_proj"] = (ne, 2 * fe, e)
+        s[f"{m}.experts.down_proj"] = (ne, e, fe)
+        s[f"{m}.shared_expert_gate.weight"] = (1, e)
+        s[f"{m}.shared_expert.gate_proj.weight"] = (fs, e)
+        s[f"{m}.shared_expert.up_proj.weight"] = (fs, e)
+        s[f"{m}.shared_expert.down_proj.weight"] = (e, fs)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
         hcs(f"{p}.attn_hyper_connection")
@@ -189,17 +212,7 @@ def hf_shapes(cfg: dict, ple: dict | None) -> dict[str, tuple]:
                          ("ngram_heads_vocab_sizes", ple["sizes"])):
                 s[f"{q}.ple_embedding.{n}"] = (len(v),)
         if cfg["is_qsa"][i]:
-            a = f"{p}.self_attn"
-            s[f"{a}.q_proj.weight"] = (2 * h * hd, e)
-            s[f"{a}.k_proj.weight"] = (hkv * hd, e)
-            s[f"{a}.v_proj.weight"] = (hkv * hd, e)
-            s[f"{a}.o_proj.weight"] = (e, h * hd)
-            s[f"{a}.q_norm.weight"] = (hd,)
-            s[f"{a}.k_norm.weight"] = (hd,)
-            di = cfg["indexer_head_dim"]
-            s[f"{a}.indexer.index_qk_proj.weight"] = ((cfg["indexer_n_heads"] + 1) * di, e)
-            s[f"{a}.indexer.q_layernorm.weight"] = (di,)
-            s[f"{a}.indexer.k_layernorm.weight"] = (di,)
+            qsa(p)
         else:
             a = f"{p}.linear_attn"
             conv = 2 * nk * dk + nv * dv
@@ -208,14 +221,17 @@ def hf_shapes(cfg: dict, ple: dict | None) -> dict[str, tuple]:
                       f"{a}.dt_bias": (nv,), f"{a}.A_log": (nv,),
                       f"{a}.conv1d.weight": (conv, 1, cfg["linear_conv_kernel_dim"]),
                       f"{a}.norm.weight": (dv,), f"{a}.out_proj.weight": (e, nv * dv)})
-        m = f"{p}.mlp"
-        s[f"{m}.gate.weight"] = (ne, e)
-        s[f"{m}.experts.gate_up_proj"] = (ne, 2 * fe, e)
-        s[f"{m}.experts.down_proj"] = (ne, e, fe)
-        s[f"{m}.shared_expert_gate.weight"] = (1, e)
-        s[f"{m}.shared_expert.gate_proj.weight"] = (fs, e)
-        s[f"{m}.shared_expert.up_proj.weight"] = (fs, e)
-        s[f"{m}.shared_expert.down_proj.weight"] = (e, fs)
+        moe(p)
+    if cfg.get("mtp_num_hidden_layers"):          # the MTP head (spec/qwen4exp-mtp.md §1)
+        hcs("mtp.layers.0.attn_hyper_connection")
+        hcs("mtp.layers.0.mlp_hyper_connection")
+        qsa("mtp.layers.0")
+        moe("mtp.layers.0")
+        s["mtp.pre_fc_norm_embedding.weight"] = (e,)
+        s["mtp.pre_fc_norm_hidden.weight"] = (hc * e,)
+        s["mtp.fc_embedding.weight"] = (e, e)
+        s["mtp.fc_hidden.weight"] = (e, e)
+        hcs("mtp.hyper_connection_mixer", inject=False)
     return s
 
 
@@ -228,7 +244,8 @@ def random_float(name: str, shape: tuple, seed: int) -> np.ndarray:
     g = _rng(seed, name)
     if name.endswith("linear_attn.norm.weight"):               # plain gamma
         return (1.0 + 0.2 * g.standard_normal(shape)).astype(np.float32)
-    if name.endswith("norm.weight") or "layernorm" in name or ".ple.norm_" in name:
+    if (name.endswith("norm.weight") or "layernorm" in name or ".ple.norm_" in name
+            or name.startswith("mtp.pre_fc_norm_")):
         return (0.3 * g.standard_normal(shape)).astype(np.float32)    # (1+w): w around 0
     if name.endswith("ple.conv1d.weight"):
         return (0.3 * g.standard_normal(shape)).astype(np.float32)
@@ -485,15 +502,18 @@ def _encode(a: np.ndarray, qtype: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- entry point
 
-def make_model(preset: str, out_path: str, recipe: str = "f32", seed: int = 0, log=None) -> dict:
+def make_model(preset: str, out_path: str, recipe: str = "f32", seed: int = 0, log=None, mtp: bool = False) -> dict:
     """Write the preset's GGUF to out_path (via a temp name). Returns plan_model's dict (less the plan) plus
-    "seconds"."""
+    "seconds". mtp: add the MTP head (random, like the rest; the preset may also ask for it with
+    "mtp_num_hidden_layers": 1). Files with it do not load in llama-cpp-python 0.3.36."""
     import gguf
 
     t0 = time.time()
     if not 0 <= seed < 2 ** 32:
         raise MakeModelError(f"--seed {seed}: give an integer from 0 to 2**32 - 1")
     p = load_preset(preset)
+    if mtp:
+        p = {**p, "mtp_num_hidden_layers": 1}
     info = plan_model(p, recipe, seed)
     plan = info.pop("_plan")
     cfg = plan.cfg

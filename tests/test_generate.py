@@ -43,22 +43,24 @@ def ban(model):
 
 
 class Counting:
-    """A session that counts the tokens evaluated through it."""
+    """A session that counts the tokens evaluated through it and its resets (the session's own
+    methods are wrapped, so its prefill and reuse count too)."""
 
     def __init__(self, sess):
         self.sess, self.evaluated, self.resets = sess, 0, 0
+        ev, rs = sess.eval, sess.reset
 
-    @property
-    def n_past(self):
-        return self.sess.n_past
+        def eval(ids, *a, **kw):
+            self.evaluated += len(ids)
+            return ev(ids, *a, **kw)
 
-    def reset(self):
-        self.resets += 1
-        self.sess.reset()
+        def reset():
+            self.resets += 1
+            rs()
+        sess.eval, sess.reset = eval, reset
 
-    def eval(self, ids, all_logits=False):
-        self.evaluated += len(ids)
-        return self.sess.eval(ids, all_logits=all_logits)
+    def __getattr__(self, name):
+        return getattr(self.sess, name)
 
 
 def manual_greedy(model, ids, n, eog):
@@ -179,9 +181,14 @@ def test_prefix_reuse_evaluates_only_new_tokens_and_matches_a_fresh_session(mode
     assert sess.evaluated - before == 3 + 5 and sess.resets == 0
     fresh = generate(model, nxt, max_tokens=6, temperature=0, logit_bias=ban, session=model.session())
     assert c2.tokens == fresh.tokens
-    # a prompt that diverges (here: a prefix of the history) starts over
+    # a prompt that is a prefix of the history resumes from the checkpoint at the end of the first prompt
+    before = sess.evaluated
     c3 = generate(model, ids, max_tokens=6, temperature=0, logit_bias=ban, session=sess)
-    assert c3.stats["reused_prompt_tokens"] == 0 and sess.resets == 1 and c3.tokens == c1.tokens
+    assert c3.stats["reused_prompt_tokens"] == len(ids) and sess.resets == 0 and c3.tokens == c1.tokens
+    assert sess.evaluated - before == 5
+    # one that shares nothing starts over
+    c5 = generate(model, [7] + ids, max_tokens=2, temperature=0, logit_bias=ban, session=sess)
+    assert c5.stats["reused_prompt_tokens"] == 0 and sess.resets == 1
     # exactly the history (after max_tokens=0): nothing is evaluated, the kept logits are used
     sess2 = Counting(model.session())
     generate(model, ids, max_tokens=0, session=sess2)

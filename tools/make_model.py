@@ -36,9 +36,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="print the planned tensors and size; write nothing")
     ap.add_argument("-q", "--quiet", action="store_true")
+    ap.add_argument("--mtp", action="store_true", help="add the MTP head (llama-cpp-python 0.3.36 cannot load such files)")
     a = ap.parse_args(argv)
     try:
         p = load_preset(a.preset)
+        if a.mtp:
+            p = {**p, "mtp_num_hidden_layers": 1}
         recipe = a.recipe or ("iq2_xs" if p.get("direct_blocks") else "f32")
         if a.dry_run:
             info = plan_model(p, recipe, a.seed)
@@ -52,7 +55,7 @@ def main(argv=None) -> int:
         if not a.output:
             ap.error("-o OUT.gguf is required (or --dry-run)")
         info = make_model(a.preset, a.output, recipe, a.seed, log=None if a.quiet else
-                          (lambda s: print(s, file=sys.stderr, flush=True)))
+                          (lambda s: print(s, file=sys.stderr, flush=True)), mtp=a.mtp)
         print(f"{a.output}: {info['file_bytes'] / 1e9:.3f} GB, {len(info['tensors'])} tensors, recipe {recipe}, "
               f"seed {a.seed}, {info['seconds']:.1f} s")
         return 0

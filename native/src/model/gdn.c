@@ -34,6 +34,7 @@ typedef struct {
     float *o;             /* L x Gv*dv */
     int64_t L;
     int chunked;
+    float *S_slots;       /* KEEP_STATES window: L x [Gv][dk][dv], the state after each token; else NULL */
 } gdn_job;
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -68,6 +69,7 @@ static void head_recurrent(const gdn_job *J, int h, float *S) {
                 o[j] += Si[j] * qi;
             }
         }
+        if (J->S_slots) memcpy(J->S_slots + (t * Gv + h) * dk * dv, S, (size_t)(dk * dv) * sizeof(float));
     }
 }
 
@@ -212,6 +214,10 @@ strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, floa
             cv[t * CD + ch] = mdl_silu(acc);
         }
     memcpy(st->conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
+    const int keep = mdl_spec_active(s);
+    if (keep)   /* a verify window: the conv window after each token, for rollback (spec.c) */
+        for (int64_t t = 0; t < L; t++)
+            memcpy(st->conv_slots + t * (Kc - 1) * CD, qkv + (t + 1) * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
     /* q, k: l2norm per key head (eps 1e-6 on the sum), q also × dk^-½ */
     float *kn = qn + L * KD;
     const float qscale = 1.0f / sqrtf((float)dk);
@@ -231,7 +237,7 @@ strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, floa
             a[t * Gv + h] = l->ssm_a[h] * softplus(a[t * Gv + h] + l->ssm_dt_bias[h]);
         }
     gdn_job J = {.m = m, .l = l, .S = st->S, .qn = qn, .kn = kn, .cv = cv, .beta = b, .g = a, .o = o, .L = L,
-                 .chunked = L >= GDN_CHUNK_MIN_TOKENS};
+                 .chunked = !keep && L >= GDN_CHUNK_MIN_TOKENS, .S_slots = keep ? st->S_slots : NULL};
     strata_pool_run(m->pool, head_task, &J, Gv);
     /* gated RMS norm per value head: rms(o) · w · act(z) */
     for (int64_t t = 0; t < L; t++)

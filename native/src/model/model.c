@@ -109,6 +109,8 @@ strata_status strata_model_get_info(const strata_model *m, strata_model_info *ou
     out->ple_layer = m->hp.ple_layer;
     out->weight_bytes = m->weight_bytes;
     out->state_bytes = mdl_state_bytes(m, m->params.n_ctx);
+    out->n_mtp = m->hp.n_mtp;
+    out->n_hidden = (int32_t)(m->hp.hc * m->hp.n_embd);
     return STRATA_OK;
 }
 
@@ -149,8 +151,10 @@ void strata_session_reset(strata_session *s) {
 
 int64_t strata_session_n_past(const strata_session *s) { return s ? s->n_past : 0; }
 
-/* One step of L ≤ cap tokens; logits (NULL: none) of rows [row0, L) go to out. */
-static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, int64_t row0, float *out) {
+/* One step of L ≤ cap tokens; logits (NULL: none) of rows [row0, L) go to out, the pre-mixer
+ * streams of every row to hidden (NULL: none). */
+static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, int64_t row0, float *out,
+                             float *hidden) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
@@ -174,6 +178,7 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
         mdl_hc_write(m, s->X, s->c, s->y, L);
     }
     s->n_past += L;
+    if (hidden) memcpy(hidden, s->X, (size_t)(L * W) * sizeof(float));
     if (!out || row0 >= L) return STRATA_OK;
     /* the final mixer and the LM head only for the rows asked for */
     const int64_t nr = L - row0;
@@ -187,11 +192,18 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
 
 strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t all_logits,
                                   float *logits, uint64_t logits_capacity) {
+    return strata_session_eval_ex(s, ids, n_ids, all_logits ? STRATA_EVAL_ALL_LOGITS : 0, logits, logits_capacity,
+                                  NULL, 0);
+}
+
+strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t flags,
+                                     float *logits, uint64_t logits_capacity, float *hidden, uint64_t hidden_capacity) {
     if (!s || (!ids && n_ids > 0) || n_ids < 0)
         return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_eval: null argument or negative count");
     if (n_ids == 0) return STRATA_OK;
     const strata_model *m = s->m;
-    const int64_t V = m->hp.n_vocab;
+    const int64_t V = m->hp.n_vocab, W = (int64_t)m->hp.hc * m->hp.n_embd;
+    const int all_logits = (flags & STRATA_EVAL_ALL_LOGITS) != 0, keep = (flags & STRATA_EVAL_KEEP_STATES) != 0;
     if (s->n_past + n_ids > s->n_ctx)
         return strata_fail(STRATA_ERR_INVALID_ARG, "eval: %lld tokens after %lld exceed the context of %lld tokens; "
                            "reset the session or load the model with a larger n_ctx",
@@ -206,6 +218,15 @@ strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t
             return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "eval: the logits buffer holds %llu floats, %llu needed",
                                (unsigned long long)logits_capacity, (unsigned long long)need);
     }
+    if (hidden && hidden_capacity < (uint64_t)n_ids * (uint64_t)W)
+        return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "eval: the hidden buffer holds %llu floats, %llu needed",
+                           (unsigned long long)hidden_capacity, (unsigned long long)((uint64_t)n_ids * (uint64_t)W));
+    if (keep && n_ids > s->spec_max)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "eval: a verify window of %lld tokens, but the session keeps states "
+                           "for %d (strata_session_set_spec_max)", (long long)n_ids, s->spec_max);
+    s->spec_start = keep ? s->n_past : -1;
+    s->spec_n = n_ids;
+    s->spec_on = keep;
     for (int64_t i0 = 0; i0 < n_ids; i0 += s->cap) {
         const int64_t L = n_ids - i0 < s->cap ? n_ids - i0 : s->cap;
         const int last = i0 + L == n_ids;
@@ -213,8 +234,13 @@ strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t
         int64_t row0 = L;
         if (logits && all_logits) { out = logits + i0 * V; row0 = 0; }
         else if (logits && last) { out = logits; row0 = L - 1; }
-        strata_status rc = forward(s, ids + i0, L, row0, out);
-        if (rc) return rc;
+        /* the rows from n_past on are rewritten: only the new ids stand behind them */
+        memcpy(s->tokens + s->n_past, ids + i0, (size_t)L * sizeof(int32_t));
+        s->n_valid = s->n_past;
+        strata_status rc = forward(s, ids + i0, L, row0, out, hidden ? hidden + i0 * W : NULL);
+        if (rc) { s->spec_on = 0; s->spec_start = -1; return rc; }
+        s->n_valid = s->n_past;
     }
+    s->spec_on = 0;
     return STRATA_OK;
 }

@@ -135,6 +135,14 @@ struct strata_model {
     int64_t ple_table_rows;
     struct mdl_ple_engine *ple;  /* table access + gather worker (ple.c); NULL without PLE */
     mdl_layer layers[MDL_MAX_LAYERS];
+    /* MTP head (hp.n_mtp == 1; mtp.c, spec/qwen4exp-mtp.md §2.2): fusion, then the decoder block
+     * layers[n_layer], then its own mixer; embedding and LM head are the trunk's */
+    float *mtp_enorm;          /* [E] folded (1+w) */
+    float *mtp_hnorm;          /* [hc*E] folded, ONE RMS over the whole row */
+    mdl_mat mtp_eh_proj;       /* E x 2E: input columns [0,E) take N(emb), [E,2E) one stream of N(h) */
+    float *mtp_head_norm;      /* [hc*E] folded, grouped per stream */
+    mdl_mat mtp_head_down;     /* r_hc x hc*E */
+    mdl_mat mtp_head_up;       /* hc*E x r_hc */
     uint64_t weight_bytes;
     struct mdl_offload *off;   /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
@@ -223,6 +231,10 @@ void mdl_hc_write(const strata_model *m, float *X, const float *c, const float *
 
 strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y);
 strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y);
+/* QSA of layer il's weights on any layer state, for rows at positions p0.. (mdl_qsa: the trunk's
+ * cache s->ls[il] at s->n_past; the MTP head: its own cache s->ls[n_layer] at its pos0). */
+strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
+                         float *y);
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
 /* Adds PLE(X) to X for tokens ids[0..L). */
 strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
@@ -243,6 +255,7 @@ void mdl_model_release(strata_model *m);
 
 /* spec.c: the state after token t of a KEEP_STATES window goes to slot t */
 static inline int mdl_spec_active(const strata_session *s) { return s->spec_on; }
+void mdl_spec_release(strata_session *s);
 
 /* state.c */
 strata_status mdl_session_alloc(strata_model *m, strata_session *s);

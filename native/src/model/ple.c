@@ -339,6 +339,14 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) 
         const int64_t take = L < n - 1 ? L : n - 1;
         for (int64_t i = L - take; i < L; i++) h[k++] = ids[i];
         memcpy(s->ple_ctx, h + k - (n - 1), (size_t)(n - 1) * sizeof(int32_t));
+        if (mdl_spec_active(s))   /* a verify window: the ids after each token, for rollback (spec.c) */
+            for (int64_t t = 0; t < L; t++) {
+                int32_t *dst = s->ple_ctx_slots + t * MDL_MAX_NGRAM;
+                for (int64_t i = 0; i < n - 1; i++) {
+                    const int64_t j = t + 1 + i;   /* in (old context = h[0, n-1), ids) */
+                    dst[i] = j < n - 1 ? h[j] : ids[j - (n - 1)];
+                }
+            }
     }
     if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, L, key))) goto done;
     if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, L, val))) goto done;
@@ -370,6 +378,9 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) 
         }
     }
     memcpy(s->ple_conv, ext + L * W, (size_t)(hist * W) * sizeof(float));
+    if (mdl_spec_active(s))
+        for (int64_t t = 0; t < L; t++)
+            memcpy(s->ple_conv_slots + t * hist * W, ext + (t + 1) * W, (size_t)(hist * W) * sizeof(float));
 done:
     free(emb); free(key); free(val); free(gv); free(ext); free(qry);
     return rc;

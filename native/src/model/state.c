@@ -16,8 +16,8 @@ static size_t kv_elem(int kv_type) { return kv_type == STRATA_KV_F32 ? 4 : kv_ty
 
 uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx) {
     const mdl_hparams *h = &m->hp;
-    uint64_t b = 0;
-    for (int il = 0; il < h->n_layer; il++) {
+    uint64_t b = (uint64_t)n_ctx * sizeof(int32_t);   /* the ids */
+    for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         const mdl_layer *l = &m->layers[il];
         if (l->is_qsa) {
             const uint64_t per = (uint64_t)h->n_head_kv * (uint64_t)h->head_dim;
@@ -41,7 +41,10 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     const int64_t n_ctx = m->params.n_ctx;
     s->m = m;
     s->n_ctx = n_ctx;
-    for (int il = 0; il < h->n_layer; il++) {
+    s->spec_start = -1;
+    s->tokens = malloc((size_t)n_ctx * sizeof(int32_t));
+    if (!s->tokens) goto nomem;
+    for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         const mdl_layer *l = &m->layers[il];
         mdl_layer_state *st = &s->ls[il];
         if (l->is_qsa) {
@@ -82,6 +85,9 @@ nomem:
 }
 
 void mdl_session_release(strata_session *s) {
+    mdl_spec_release(s);
+    free(s->tokens);
+    s->tokens = NULL;
     for (int il = 0; il < MDL_MAX_LAYERS; il++) {
         mdl_layer_state *st = &s->ls[il];
         free(st->conv); free(st->S); free(st->k); free(st->v); free(st->kv_scale); free(st->idx_k); free(st->blk);
@@ -92,11 +98,12 @@ void mdl_session_release(strata_session *s) {
 }
 
 /* Only what the next tokens read is cleared: GDN and PLE states, ids, counters. The K/V and
- * indexer rows past n_past are always written before they are read. */
+ * indexer rows past n_past are always written before they are read; they stay valid for a
+ * checkpoint's restore (n_valid is kept). */
 void mdl_session_clear(strata_session *s) {
     const strata_model *m = s->m;
     const mdl_hparams *h = &m->hp;
-    for (int il = 0; il < h->n_layer; il++) {
+    for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         mdl_layer_state *st = &s->ls[il];
         if (m->layers[il].is_qsa) {
             st->n_blk = 0;
@@ -111,4 +118,5 @@ void mdl_session_clear(strata_session *s) {
         for (int i = 0; i < h->ple_n - 1; i++) s->ple_ctx[i] = (int32_t)h->ple_eos;
     }
     s->n_past = 0;
+    s->spec_start = -1;
 }

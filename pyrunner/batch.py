@@ -14,6 +14,10 @@ keys), or {"id", "error"} for a line that cannot run (bad JSON, missing or unkno
 long for the context...), plus "line" (1-based) when the line has no usable id. The run goes on after
 a bad line.
 
+Prefix reuse: the requests run in one session, in file order; where a request's prompt and the next
+one's share a beginning (a system prompt), a checkpoint is kept there, so the next request evaluates
+only what differs (its stats' reused_prompt_tokens).
+
 Resume: before it starts, the run reads OUT and skips every request whose id is there (results and
 errors alike). Each result is written with one write() of one complete line and flushed before the
 next request starts, so a run killed at any moment (kill -9) loses at most the request in flight; a
@@ -121,16 +125,34 @@ def _write_line(fd: int, rec: dict) -> None:
         view = view[n:]
 
 
-def run_one(model, session, req: dict, defaults: SamplingParams) -> dict:
-    """The result record of one parsed request (an error record if it cannot run)."""
+def request_ids(model, req: dict) -> list[int]:
+    """The prompt ids of a parsed request (ValueError and friends for a bad one)."""
+    if "messages" in req:
+        return prompt_ids(model, render_messages(model, req["messages"]), add_special=False)
+    return prompt_ids(model, req["prompt"])
+
+
+def shared_prefix(a: list[int] | None, b: list[int] | None) -> int:
+    """Length of the common prefix of two id lists (0 when either is missing)."""
+    if not a or not b:
+        return 0
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def run_one(model, session, req: dict, defaults: SamplingParams, next_ids: list[int] | None = None) -> dict:
+    """The result record of one parsed request (an error record if it cannot run). next_ids: the next
+    request's prompt, so that a checkpoint is kept where the two part (a shared system prompt is then
+    evaluated once)."""
     try:
         params = SamplingParams.from_dict({**asdict(defaults), **req["sampling"]})
-        if "messages" in req:
-            ids = prompt_ids(model, render_messages(model, req["messages"]), add_special=False)
-        else:
-            ids = prompt_ids(model, req["prompt"])
+        ids = request_ids(model, req)
         kw = asdict(params)
-        c = generate(model, ids, session=session, **kw)
+        share = shared_prefix(ids, next_ids)
+        c = generate(model, ids, session=session, checkpoint_at=[share] if share else (), **kw)
     except (ValueError, TypeError, StrataError) as e:   # bad fields, template errors, prompt too long,
         return {"id": req["id"], "error": str(e)}            # a failed evaluation: the next line goes on
     return {"id": req["id"], "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
@@ -180,8 +202,15 @@ def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | Non
             bar = click.progressbar(length=len(todo), label=label, file=sys.stderr, show_pos=True,
                                     show_eta=True)
             bar.__enter__()
-        for req in todo:
-            rec = req if "error" in req else run_one(model, session, req, defaults)
+        ids = [None] * len(todo)
+        for i, req in enumerate(todo):
+            if i + 1 < len(todo) and "error" not in todo[i + 1]:
+                try:
+                    ids[i + 1] = request_ids(model, todo[i + 1])
+                except (ValueError, TypeError, StrataError):
+                    pass                                    # run_one reports it when its turn comes
+            nxt = ids[i + 1] if i + 1 < len(todo) else None
+            rec = req if "error" in req else run_one(model, session, req, defaults, nxt)
             _write_line(fd, rec)
             counts["errors" if "error" in rec else "done"] += 1
             if bar is not None:

@@ -75,14 +75,18 @@ def inspect(file, as_json):
               help="llama.cpp pre-tokenizer name, when it cannot be recognised from tokenizer.json.")
 @click.option("--ple-external", type=click.Path(exists=True), default=None,
               help="A `strata pack-ple` output of this checkpoint: the GGUF names it instead of holding the PLE table.")
+@click.option("--no-mtp", is_flag=True,
+              help="Drop the checkpoint's MTP head (mtp.*): the file holds the trunk alone, as llama.cpp without "
+                   "qwen4exp MTP support loads it.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not list the tensors as they are written.")
-def convert(hf_dir, out, outtype, tokenizer_pre, ple_external, quiet):
+def convert(hf_dir, out, outtype, tokenizer_pre, ple_external, no_mtp, quiet):
     """Convert a transformers qwen4_exp checkpoint (safetensors) to a qwen4exp GGUF."""
     from .convert import ConvertError
     from .convert import convert as run
 
     try:
-        res = run(hf_dir, out, outtype, tokenizer_pre, log=None if quiet else click.echo, ple_external=ple_external)
+        res = run(hf_dir, out, outtype, tokenizer_pre, log=None if quiet else click.echo, ple_external=ple_external,
+                  mtp=not no_mtp)
     except (ConvertError, OSError) as e:
         raise _fail(e) from None
     shares = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sorted(res["types"].items(), key=lambda r: -r[1]))
@@ -324,6 +328,10 @@ def _stats_line(stats: dict, finish_reason: str | None = None) -> str:
     parts.append(f"generated {s.get('generated_tokens', 0)} tokens")
     if "decode_s" in s:
         parts.append(f"decode {s['decode_s']:.3f} s ({s.get('decode_tps', 0):.1f} tok/s)")
+    if "drafts_proposed" in s:
+        parts.append(f"draft accepted {s['drafts_accepted']}/{s['drafts_proposed']}"
+                     + (f" (mean accepted length {s['mean_accepted_len']:.2f} in {s['mtp_windows']} windows,"
+                        f" rollback {s['mtp_rollback_s'] * 1e3:.1f} ms)" if s.get("mtp_windows") else ""))
     if finish_reason:
         parts.append(f"finish: {finish_reason}")
     return ", ".join(parts)

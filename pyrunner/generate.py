@@ -10,22 +10,26 @@
     create_completion(model, prompt, ...)                # llama-cpp-python's dict shapes (OpenAI)
     create_chat_completion(model, messages, ...)         # rendered with the model's chat template
 
-The loop (DESIGN §5, without MTP): prefill the part of the prompt the session does not already hold,
-then sample -> check stop -> evaluate the sampled token, one token at a time. Text is decoded through
+The loop (DESIGN §5): prefill the part of the prompt the session does not already hold, then
+sample -> check stop -> evaluate the sampled token, one token at a time (or a window at a time with
+MTP drafts). Text is decoded through
 the tokenizer's StreamDecoder (a character split across tokens is emitted whole) and through
 sampling.StopStream (text that may be the start of a stop string is held back; the stop string itself is
 never emitted). An end-of-generation token (EOS, EOT, or a control token such as <|im_end|>) ends the
 request with "stop" and is neither emitted nor part of `tokens`; max_tokens, or a full context, end it
 with "length".
 
-Prefix reuse: each session remembers the tokens its state holds (every evaluated token, i.e. the
-prompt and every generated token but the last) and the logits after the last one. A request whose
-tokens continue that history exactly evaluates only the new tokens (`reused_prompt_tokens` counts the
-rest); a request equal to the history evaluates nothing. Anything else resets the session: the Gated
-DeltaNet state cannot be rewound, so until checkpoints exist a shared prefix that is not the whole
-history is not reusable. The history is trusted only while the session's n_past matches it; a session
-evaluated directly (sess.eval) is reset before it is used here. A failure or an interrupt (Ctrl-C)
-inside an evaluation leaves the state unknown: the history is dropped and the next request starts over.
+Prefix reuse (model.Session): a session remembers the tokens its state holds (the prompt and every
+generated token but the last), the logits after them, and checkpoints of its recurrent state (at the
+end of every prompt's prefill, at `checkpoint_at` positions, every Session.checkpoint_every tokens of
+a long prefill, and where each request ends). A request resumes from the longest of these that its
+prompt starts with and evaluates only the rest (`reused_prompt_tokens` counts what it did not
+evaluate); a request equal to what the session holds evaluates nothing. A failure or an interrupt
+(Ctrl-C) inside an evaluation leaves the state unknown: the next request starts over.
+
+With mtp > 0 the decode runs in verify windows (pyrunner.mtp): drafts from the model's MTP head,
+one trunk pass over the window, the longest agreeing prefix kept and the rest rolled back. Greedy
+output is the same token for token; sampled output has the same distribution.
 
 Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not apply):
     prompt_tokens          tokens of the prompt
@@ -35,6 +39,9 @@ Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not app
     ttft_s                 request start (tokenizing included) to the first sampled token
     decode_s, decode_tps   first sampled token to the end; tps = decode steps / decode_s
                            (absent with fewer than two sampled tokens)
+    drafts_proposed, drafts_accepted, acceptance_rate, mean_accepted_len (tokens per verify window,
+                           the bonus token included), mtp_windows, mtp_full_windows (every draft taken),
+                           mtp_draft_s, mtp_verify_s, mtp_rollback_s, mtp_extend_s   with mtp > 0
 """
 from __future__ import annotations
 

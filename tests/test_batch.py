@@ -83,6 +83,23 @@ def test_results_match_generate_and_bad_lines_get_errors(model, tmp_path):
     assert len(_lines(out)) == 9
 
 
+def test_requests_sharing_a_system_prompt_evaluate_it_once(model, tmp_path):
+    system = {"role": "system", "content": "You answer in one short sentence. " * 6}
+    reqs = [{"id": f"q{i}", "messages": [system, {"role": "user", "content": f"question {i}?"}],
+             "max_tokens": 3, "temperature": 0} for i in range(3)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, reqs)
+    run_batch(model, str(inp), str(out), progress=False)
+    recs = _lines(out)
+    ids = [prompt_ids(model, render_messages(model, r["messages"]), add_special=False) for r in reqs]
+    shared = next(i for i in range(len(ids[0])) if ids[0][i] != ids[1][i])
+    assert shared > 20
+    assert recs[0]["stats"]["reused_prompt_tokens"] == 0
+    assert [r["stats"]["reused_prompt_tokens"] for r in recs[1:]] == [shared, shared]
+    for r, q in zip(recs, ids):              # the same answers as on a fresh session
+        assert r["text"] == generate(model, q, max_tokens=3, temperature=0, session=model.session()).text
+
+
 def test_resume_repairs_a_cut_last_line_and_skips_done_ids(model, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     reqs = [{"id": f"r{i}", "prompt": f"prompt number {i}", "max_tokens": 4, "temperature": 0} for i in range(6)]

@@ -287,3 +287,10 @@ def test_chat_turns_continue_the_generated_tokens_exactly(model):
     cut[1]["content"] = c1.text[:-1]
     ids3, text3 = chat_prompt_ids(model, cut, ChatTurn(ids1, text1, c1.tokens, c1.text[:-1]))
     assert ids3 == model.tokenize(text3, add_special=False)
+    # ... but the checkpoint kept at the end of the first turn's prompt still serves it
+    assert ids3[:len(ids1)] == ids1 and ids3[:n] != ids2[:n]
+    before = sess.evaluated
+    c3 = generate(model, ids3, max_tokens=2, temperature=0, session=sess)
+    assert c3.stats["reused_prompt_tokens"] >= len(ids1) and sess.resets == 0
+    assert sess.evaluated - before == len(ids3) - c3.stats["reused_prompt_tokens"] + c3.stats["generated_tokens"] - 1
+    assert c3.tokens == generate(model, ids3, max_tokens=2, temperature=0, session=model.session()).tokens

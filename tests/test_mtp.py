@@ -1,0 +1,272 @@
+"""MTP speculative decoding, exact rollback and prefix reuse (issue 7; DESIGN §5; spec/qwen4exp-mtp.md §3).
+
+The MTP step itself is checked against a PyTorch reference in test_mtp_model.py; here:
+  - greedy output with drafts (k = 1, 2, 3, 5) is the output without them, token for token, with a hook
+    that forces drafts right or wrong so that accepted drafts, rejected drafts and full windows all occur;
+  - after a verify window and its rollback, the session continues exactly like a fresh one on the kept
+    tokens, whatever was rejected (every draft; windows ending inside a QSA block);
+  - with temperature > 0 the output keeps the target distribution (chi-square on a small support);
+  - a request sharing a prefix with a checkpoint evaluates only the rest and gives a fresh run's logits.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from model_oracles import EOS0, prompt
+from pyrunner import models
+from pyrunner.generate import end_of_generation_ids, generate
+from pyrunner.model import Model
+from pyrunner.sampling import Sampler, SamplingParams
+
+N_TEXT = 300          # the tiny preset's real tokens (ids above are specials)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf"
+    models.make_model("tiny", str(out), recipe="f32", seed=3, mtp=True)
+    m = Model(str(out), threads=2, n_ctx=512, kv_type="f32")
+    assert m.n_mtp == 1
+    yield m
+    m.close()
+
+
+def forcing_hook(reference: list[int], rate: float, seed: int):
+    """Makes the draft for position p right (reference[p]) with probability rate, else wrong."""
+    rng = np.random.default_rng(seed)
+
+    def hook(pos: int, draft: int) -> int:
+        if pos >= len(reference):
+            return draft
+        return reference[pos] if rng.random() < rate else (reference[pos] + 1) % N_TEXT
+    return hook
+
+
+# ------------------------------------------------------------------------------------ greedy equivalence
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_greedy_output_with_drafts_is_the_output_without(model, k):
+    eog = end_of_generation_ids(model)
+    totals = {"accepted": 0, "rejected": 0, "full": 0, "stops": 0}
+    # short prompts (QSA dense) and long ones (the 64-token budget binds); EOS ids inside the prompts
+    for i, n in enumerate([7, 30, 90, 150]):
+        ids = prompt(100 + i, n)
+        # a bias towards one end-of-generation id, so that some answers end inside a window
+        bias = {EOS0: 2.5} if i % 2 else None
+        ref = generate(model, ids, max_tokens=40, temperature=0, logit_bias=bias, session=model.session())
+        full = ids + ref.tokens
+        for rate in (0.0, 0.6, 1.0, None):
+            hook = None if rate is None else forcing_hook(full, rate, seed=k * 10 + i)
+            c = generate(model, ids, max_tokens=40, temperature=0, logit_bias=bias, session=model.session(),
+                         mtp=k, draft_hook=hook)
+            assert c.tokens == ref.tokens and c.finish_reason == ref.finish_reason, (n, rate)
+            st = c.stats
+            assert st["drafts_proposed"] >= st["drafts_accepted"]
+            totals["accepted"] += st["drafts_accepted"]
+            totals["rejected"] += st["drafts_proposed"] - st["drafts_accepted"]
+            totals["full"] += st["mtp_full_windows"]
+            totals["stops"] += ref.finish_reason == "stop"
+            if rate == 1.0 and ref.finish_reason == "length":
+                # every draft right: each window but the last ones (cut by max_tokens) takes all k
+                assert st["mean_accepted_len"] > 1 + 0.6 * k
+    assert totals["accepted"] > 0 and totals["rejected"] > 0 and totals["full"] > 0 and totals["stops"] > 0
+    assert all(t in eog or t < model.n_vocab for t in ref.tokens)
+
+
+def test_drafts_respect_max_tokens_and_the_context(model):
+    ids = prompt(7, 20)
+    ref = generate(model, ids, max_tokens=9, temperature=0, session=model.session())
+    hook = forcing_hook(ids + ref.tokens, 1.0, 0)
+    sess = model.session()
+    c = generate(model, ids, max_tokens=9, temperature=0, session=sess, mtp=3, draft_hook=hook)
+    assert c.tokens == ref.tokens and len(c.tokens) == 9
+    # the state holds the prompt and every generated token but the last, as without drafts
+    assert sess.n_past == len(ids) + 8 and sess.tokens == ids + c.tokens[:-1]
+    # a context that ends inside what a window would need: drafts shrink, the output is unchanged
+    small = Model(model.path, threads=2, n_ctx=len(ids) + 6, kv_type="f32")
+    try:
+        r0 = generate(small, ids, max_tokens=-1, temperature=0, logit_bias={t: -np.inf for t in
+                      end_of_generation_ids(small)}, session=small.session())
+        r1 = generate(small, ids, max_tokens=-1, temperature=0, logit_bias={t: -np.inf for t in
+                      end_of_generation_ids(small)}, session=small.session(), mtp=5,
+                      draft_hook=forcing_hook(ids + r0.tokens, 1.0, 1))
+        assert r0.finish_reason == r1.finish_reason == "length" and r0.tokens == r1.tokens
+    finally:
+        small.close()
+
+
+def test_a_model_without_mtp_says_so(tmp_path):
+    out = tmp_path / "tiny.gguf"
+    models.make_model("micro", str(out), recipe="f32", seed=1)
+    with Model(str(out), threads=1, n_ctx=64) as m:
+        with pytest.raises(ValueError, match="no MTP block"):
+            generate(m, [1, 2, 3], max_tokens=2, mtp=2)
+
+
+# ------------------------------------------------------------------------------------ rollback
+
+
+def test_rollback_continues_like_a_fresh_session(model):
+    """After a window and a rollback to any of its tokens, the next logits are a fresh session's on
+    the kept tokens; windows cross QSA block edges (ratio 4) and the budget (64)."""
+    rng = np.random.default_rng(5)
+    worst = 0.0
+    seen_keep = set()
+    for trial in range(24):
+        n0 = int(rng.integers(1, 110))
+        w = int(rng.integers(1, 7))
+        keep = int(rng.integers(1, w + 1))
+        seen_keep.add((keep == 1, keep == w, (n0 + keep) % 4 != 0))
+        ids = [int(x) for x in rng.integers(0, N_TEXT, n0 + w)]
+        s = model.session()
+        s.set_spec_max(6)
+        s.eval(ids[:n0])
+        L, H = s.eval(ids[n0:], all_logits=True, hidden=True, keep_states=True)
+        s.rollback(n0 + keep, logits=L[keep - 1], hidden=H[keep - 1])
+        assert s.n_past == n0 + keep and s.tokens == ids[:n0 + keep]
+        nxt = [int(x) for x in rng.integers(0, N_TEXT, 6)]
+        got = s.eval(nxt, all_logits=True)
+        fresh = model.session()
+        want = fresh.eval(ids[:n0 + keep] + nxt, all_logits=True)[-len(nxt):]
+        worst = max(worst, float(np.abs(got - want).max()))
+        s.close()
+        fresh.close()
+    assert worst <= 1e-4, worst
+    # reject-all windows (keep 1), full windows, and ends inside a QSA block all ran
+    assert any(k1 for k1, _, _ in seen_keep) and any(kw for _, kw, _ in seen_keep)
+    assert any(mid for _, _, mid in seen_keep)
+
+
+def test_rollback_outside_the_window_is_refused(model):
+    s = model.session()
+    s.set_spec_max(4)
+    s.eval([5, 6, 7])
+    s.eval([8, 9, 10], keep_states=True)
+    from pyrunner import StrataError
+    with pytest.raises(StrataError, match="inside the last verify window"):
+        s.rollback(3)                                  # the window's start: x itself is always kept
+    with pytest.raises(StrataError, match="verify window of 5 tokens"):
+        s.eval([1, 2, 3, 4, 5], keep_states=True)
+    s.rollback(4)
+    s.eval([11])
+    with pytest.raises(StrataError, match="inside the last verify window"):
+        s.rollback(4)                                  # an eval since: the slots are gone
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+
+def _chi2_quantile(df: int, z: float = 3.09) -> float:
+    """Wilson–Hilferty: the chi-square quantile for a standard-normal quantile z (3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampling_with_drafts_keeps_the_target_distribution(model):
+    """Four tokens after a fixed prompt, sampled with top-k 3 (81 outcomes), with windows of up to two
+    drafts: the frequencies fit the exact target probabilities computed from the model's logits.
+    The random head's drafts rarely fall in the target's top 3, so a hook replaces most of them by a
+    token of the support (a replaced draft is a draw from a point distribution: the rule stays exact);
+    the head's own draft distribution is far from the target, so accepting drafts blindly would fail."""
+    ids = prompt(3, 12)
+    params = dict(temperature=1.3, top_k=3, top_p=1.0, min_p=0.0)
+    sp = Sampler(SamplingParams(**params, seed=0))
+    exact: dict[tuple, float] = {(): 1.0}
+    for depth in range(4):
+        nxt = {}
+        for key, pk in exact.items():
+            s = model.session()
+            h = ids + list(key)
+            d = sp.distribution(s.eval(h), h)
+            s.close()
+            for t in np.flatnonzero(d):
+                nxt[key + (int(t),)] = pk * d[t]
+        exact = nxt
+    support = sorted({t for key in exact for t in key})
+    rng = np.random.default_rng(0)
+
+    def hook(pos, draft):
+        return int(rng.choice(support)) if rng.random() < 0.8 else draft
+    n = 2500
+    counts: dict[tuple, int] = {}
+    sess = model.session()
+    accepted = proposed = full = 0
+    for seed in range(n):
+        c = generate(model, ids, max_tokens=4, seed=seed, session=sess, mtp=2, draft_hook=hook, **params)
+        key = tuple(c.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        accepted += c.stats["drafts_accepted"]
+        proposed += c.stats["drafts_proposed"]
+        full += c.stats["mtp_full_windows"]
+    assert set(counts) <= set(exact)
+    chi2 = sum((counts.get(key, 0) - n * p) ** 2 / (n * p) for key, p in exact.items())
+    assert chi2 < _chi2_quantile(len(exact) - 1), (chi2, counts)
+    assert 0 < accepted < proposed and full > 0       # both branches of the rule ran, and whole windows
+    # the draft head alone is far from the target at the first draft
+    s = model.session()
+    logits, H = s.eval(ids, hidden=True, all_logits=True)
+    p1 = sp.distribution(logits[-1], ids)
+    t1 = int(np.argmax(p1))
+    q, _ = s.mtp(H, ids[1:] + [t1], 0)
+    q2 = sp.distribution(q, ids + [t1])
+    p2 = np.zeros(model.n_vocab)
+    for key, p in exact.items():
+        if key[0] == t1:
+            p2[key[1]] += p / p1[t1]
+    assert 0.5 * np.abs(q2 - p2).sum() > 0.2
+
+
+# ------------------------------------------------------------------------------------ prefix reuse
+
+
+def test_prefix_reuse_processes_only_the_suffix_and_matches_a_fresh_run(model):
+    system = prompt(11, 70)                      # a shared "system prompt" longer than the QSA budget
+    a = system + prompt(12, 9)
+    b = system + prompt(13, 14)
+    sess = model.session()
+    evaluated = []
+    ev = sess.eval
+    sess.eval = lambda ids, *x, **kw: (evaluated.append(len(ids)), ev(ids, *x, **kw))[1]
+    logits_a, _, r = sess.prefill(a, checkpoint_at=[len(system)])
+    assert r == 0 and len(system) in sess.checkpoints
+    evaluated.clear()
+    logits_b, _, r = sess.prefill(b)
+    assert r == len(system) and sum(evaluated) == len(b) - len(system)
+    want = model.session().eval(b)
+    assert np.abs(logits_b - want).max() <= 1e-4
+    # b rewrote the rows past the system prompt, so a's checkpoint at its end is gone; `a` again resumes
+    # from the system prompt's, and a repeat of `a` then evaluates nothing (the logits are kept)
+    assert len(a) not in sess.checkpoints
+    evaluated.clear()
+    la, _, r = sess.prefill(a)
+    assert r == len(system) and sum(evaluated) == len(a) - len(system)
+    assert np.abs(la - logits_a).max() <= 1e-4
+    evaluated.clear()
+    la2, _, r = sess.prefill(a)
+    assert r == len(a) and sum(evaluated) == 0 and np.array_equal(la2, la)
+    # checkpoints every N tokens of a long prefill
+    sess.checkpoint_every = 32
+    sess.forget()
+    sess.prefill(system + prompt(14, 40))
+    assert {32, 64, 96} <= set(sess.checkpoints)
+    evaluated.clear()
+    c = system[:50] + [7, 8, 9]
+    lc, _, r = sess.prefill(c)
+    assert r == 32 and sum(evaluated) == len(c) - 32
+    assert np.abs(lc - model.session().eval(c)).max() <= 1e-4
+
+
+def test_generate_reports_reused_tokens_and_mtp_stats(model):
+    system = prompt(21, 40)
+    sess = model.session()
+    c1 = generate(model, system + [5, 6], max_tokens=4, temperature=0, session=sess, mtp=2,
+                  checkpoint_at=[len(system)])
+    c2 = generate(model, system + [9, 9, 9], max_tokens=4, temperature=0, session=sess, mtp=2)
+    assert c1.stats["reused_prompt_tokens"] == 0 and c2.stats["reused_prompt_tokens"] == len(system)
+    ref = generate(model, system + [9, 9, 9], max_tokens=4, temperature=0, session=model.session())
+    assert c2.tokens == ref.tokens
+    for key in ("drafts_proposed", "drafts_accepted", "mean_accepted_len", "mtp_windows", "mtp_rollback_s"):
+        assert key in c2.stats

@@ -292,6 +292,118 @@ def format_model_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ bench model --mtp
+#
+# `strata bench model --mtp K`: decode with K drafts per verify window next to decode without drafts, in one
+# run on one loaded model. Random weights make the head's own acceptance meaningless, so the mechanism is also
+# timed at forced acceptance rates: a hook makes each draft right (the token the greedy decode without drafts
+# produced there) with probability r and wrong otherwise. Every run decodes the same greedy tokens (checked).
+# From the rates the break-even acceptance follows: the lowest r at which drafting beats plain decode.
+
+MTP_RATES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def bench_mtp(path: str, k: int, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 64,
+              kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print) -> dict:
+    """{"settings", "plain": RUN, "natural": RUN (the head's own drafts), "forced": [RUN + {"rate"}],
+    "break_even": the interpolated forced rate where speedup reaches 1 (None: never / always)}; RUN =
+    {decode_tps, speedup, drafts_proposed, drafts_accepted, acceptance_rate, mean_accepted_len, windows,
+    draft_ms, verify_ms, rollback_ms, extend_ms (per window), same_tokens}."""
+    import os
+
+    from ._native import StrataError
+    from .generate import end_of_generation_ids, generate
+    from .model import Model
+
+    if not os.path.isfile(path):
+        raise BenchError(f"{path}: no such model file")
+    if k < 1 or prompt_tokens < 1 or gen_tokens < 2:
+        raise BenchError(f"--mtp must be >= 1, --prompt-tokens >= 1 and --gen-tokens >= 2 (got {k}, {prompt_tokens}, "
+                         f"{gen_tokens})")
+    try:
+        model = Model(path, threads=threads, n_ctx=prompt_tokens + gen_tokens + k + 16, kv_type=kv_type)
+    except (StrataError, ValueError, OSError) as e:
+        raise BenchError(f"Strata could not load {path}: {e}") from None
+    try:
+        if model.n_mtp < 1:
+            raise BenchError(f"{path} has no MTP block: make one with `tools/make_model.py PRESET --mtp` or convert "
+                             f"a checkpoint with its mtp.* tensors")
+        ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
+        ban = {t: -np.inf for t in end_of_generation_ids(model)}
+        sess = model.session()
+        common = dict(max_tokens=gen_tokens, temperature=0, logit_bias=ban, session=sess)
+        log(f"strata: {prompt_tokens}-token prompt (prefilled once, then reused), {gen_tokens} greedy tokens, "
+            f"mtp {k}, {threads} threads, kv {kv_type}")
+        generate(model, ids, max_tokens=1, session=sess)           # the prefill, outside every timed decode
+        plain = generate(model, ids, mtp=0, **common)
+        ref = ids + plain.tokens
+
+        def run(label, hook):
+            c = generate(model, ids, mtp=k, draft_hook=hook, **common)
+            st = c.stats
+            w = max(st.get("mtp_windows", 0), 1)
+            out = {"decode_tps": st.get("decode_tps", 0.0), "same_tokens": c.tokens == plain.tokens,
+                   "drafts_proposed": st.get("drafts_proposed", 0), "drafts_accepted": st.get("drafts_accepted", 0),
+                   "acceptance_rate": st.get("acceptance_rate", 0.0),
+                   "mean_accepted_len": st.get("mean_accepted_len", 0.0), "windows": st.get("mtp_windows", 0),
+                   **{f"{n}_ms": 1e3 * st.get(f"mtp_{n}_s", 0.0) / w for n in ("draft", "verify", "rollback", "extend")}}
+            out["speedup"] = out["decode_tps"] / plain.stats["decode_tps"] if plain.stats.get("decode_tps") else None
+            log(f"  {label:14s} {out['decode_tps']:8.2f} tok/s  x{out['speedup'] or 0:.2f}  accepted "
+                f"{out['drafts_accepted']}/{out['drafts_proposed']}  mean length {out['mean_accepted_len']:.2f}")
+            return out
+
+        res = {"settings": {"model": path, "mtp": k, "threads": threads, "prompt_tokens": prompt_tokens,
+                            "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed},
+               "plain": {"decode_tps": plain.stats.get("decode_tps", 0.0), "speedup": 1.0, "same_tokens": True}}
+        log(f"  {'mtp 0':14s} {res['plain']['decode_tps']:8.2f} tok/s")
+        res["natural"] = run("mtp head", None)
+        forced = []
+        for r in rates:
+            g = np.random.default_rng([seed, int(r * 1000)])
+
+            def hook(pos, draft, r=r, g=g):
+                if pos >= len(ref):
+                    return draft
+                return ref[pos] if g.random() < r else (ref[pos] + 1) % model.n_vocab
+            forced.append({"rate": r, **run(f"forced {r:.2f}", hook)})
+        res["forced"] = forced
+        res["break_even"] = _break_even([(f["rate"], f["speedup"]) for f in forced])
+        return res
+    finally:
+        model.close()
+
+
+def _break_even(points) -> float | None:
+    """The rate where speedup crosses 1, linearly interpolated (0.0 if drafting wins even at rate 0, None if it
+    never wins)."""
+    pts = [(r, s) for r, s in points if s is not None]
+    if pts and pts[0][1] >= 1:
+        return 0.0
+    for (r0, s0), (r1, s1) in zip(pts, pts[1:]):
+        if s0 < 1 <= s1:
+            return r0 + (r1 - r0) * (1 - s0) / (s1 - s0)
+    return None
+
+
+def format_mtp_table(res: dict) -> str:
+    s = res["settings"]
+    lines = [f"{s['model']}: mtp {s['mtp']}, {s['prompt_tokens']}-token prompt, {s['gen_tokens']} greedy tokens, "
+             f"{s['threads']} threads, kv {s['kv_type']}",
+             f"{'drafts':16s} {'tok/s':>8s} {'speedup':>8s} {'accepted':>10s} {'mean len':>9s} {'draft ms':>9s} "
+             f"{'verify ms':>10s} {'rollback ms':>12s} {'extend ms':>10s}  (per window)"]
+    p = res["plain"]
+    lines.append(f"{'none (mtp 0)':16s} {p['decode_tps']:8.2f} {1.0:8.2f}")
+    rows = [("head's own", res["natural"])] + [(f"forced {f['rate']:.2f}", f) for f in res["forced"]]
+    for name, r in rows:
+        lines.append(f"{name:16s} {r['decode_tps']:8.2f} {r['speedup'] or 0:8.2f} "
+                     f"{r['drafts_accepted']:>4d}/{r['drafts_proposed']:<5d} {r['mean_accepted_len']:9.2f} "
+                     f"{r['draft_ms']:9.2f} {r['verify_ms']:10.2f} {r['rollback_ms']:12.3f} {r['extend_ms']:10.2f}"
+                     + ("" if r["same_tokens"] else "  OUTPUT DIFFERS"))
+    be = res["break_even"]
+    lines.append("break-even acceptance: " + ("never reached" if be is None else f"{be:.2f}"))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------- bench ple
 
 _PLE_ENV = ("STRATA_PLE_MADV_RANDOM", "STRATA_PLE_PREFETCH")

@@ -180,15 +180,32 @@ def bench_kernels(as_json, types, threads, batches):
 @click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default="f16", show_default=True,
               envvar="STRATA_KV_TYPE", help="KV cache type.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
-def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed):
+@click.option("--mtp", type=int, default=0, show_default=True,
+              help="K > 0: decode with K MTP drafts per window next to decode without, at forced acceptance rates.")
+def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
-    the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run, and the ratios."""
+    the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run, and the ratios.
+    With --mtp K: decode with K drafts per verify window against decode without, in one run: tokens/s,
+    acceptance, mean accepted length and the cost per window of drafting, verifying and rolling back, with
+    the head's own drafts and with drafts forced right at rates 0..1 (random weights make the head's own
+    acceptance meaningless), and the break-even acceptance."""
     from . import bench as b
     from ._native import StrataError
 
     if threads < 1:
         raise click.ClickException(f"--threads {threads}: give at least 1")
     log = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    if mtp:
+        if vs_llama_cpp:
+            raise click.ClickException("--mtp and --vs-llama-cpp: llama-cpp-python 0.3.36 has no qwen4exp MTP; "
+                                       "run them separately")
+        try:
+            res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+                              kv_type=kv_type, seed=seed, log=log)
+        except (b.BenchError, StrataError) as e:
+            raise _fail(e) from None
+        _bench_out(res, as_json, b.format_mtp_table)
+        return
     try:
         res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                             kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log)

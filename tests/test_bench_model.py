@@ -77,3 +77,32 @@ def test_errors_are_clean(tiny, tmp_path):
     assert res.exit_code == 2
     res = CliRunner().invoke(main, ["bench", "model", "-m", str(tmp_path / "missing.gguf")])
     assert res.exit_code == 2 and "missing.gguf" in res.output
+
+
+def test_mtp_next_to_plain_decode_at_forced_rates(tmp_path):
+    path = tmp_path / "tiny-mtp.gguf"
+    make_model("tiny", str(path), "f32", 0, mtp=True)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--json", "--mtp", "2", "--prompt-tokens", "40",
+                                  "--gen-tokens", "24"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["settings"]["mtp"] == 2 and res["plain"]["decode_tps"] > 0
+    forced = {f["rate"]: f for f in res["forced"]}
+    assert set(forced) == set(bench.MTP_RATES)
+    assert all(f["same_tokens"] for f in res["forced"]) and res["natural"]["same_tokens"]
+    assert forced[1.0]["drafts_accepted"] == forced[1.0]["drafts_proposed"] > 0
+    assert forced[0.0]["drafts_accepted"] == 0 and forced[0.0]["mean_accepted_len"] == 1.0
+    assert forced[1.0]["mean_accepted_len"] > forced[0.5]["mean_accepted_len"] > 1.0
+    for f in res["forced"]:
+        assert f["windows"] > 0 and f["verify_ms"] > 0 and f["rollback_ms"] >= 0
+    # a file without the head is refused with a way out
+    plain = tmp_path / "tiny.gguf"
+    make_model("tiny", str(plain), "f32", 0)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(plain), "--mtp", "2"])
+    assert r.exit_code != 0 and "no MTP block" in r.output
+
+
+def test_break_even_interpolates():
+    assert bench._break_even([(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)]) == pytest.approx(0.625)
+    assert bench._break_even([(0.0, 1.1), (1.0, 2.0)]) == 0.0
+    assert bench._break_even([(0.0, 0.2), (1.0, 0.9)]) is None

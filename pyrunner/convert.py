@@ -2,7 +2,7 @@
 shapes and layouts (spec/qwen4exp-gguf.md), streaming tensor by tensor.
 
 Input: a directory written by `save_pretrained` of Qwen4ExpForCausalLM, or the text part of
-Qwen4ExpForConditionalGeneration (`model.language_model.*`; `model.visual.*` and `mtp.*` are dropped),
+Qwen4ExpForConditionalGeneration (`model.language_model.*`; `model.visual.*` is dropped),
 with experts per expert (`experts.{e}.{gate,up,down}_proj.weight`) or fused (`experts.gate_up_proj`,
 `experts.down_proj`), the PLE table in `split_ngram_parts` row shards and its three int64 buffers.
 
@@ -20,6 +20,14 @@ Transformations (spec §3), all in float32:
   * QSA: index_qk_proj split into indexer.q_proj (first Hi*Di rows) and indexer.k_proj (last Di rows);
   * experts stacked to 3-D (fused gate_up split into gate = first half, up = second half);
   * PLE shards concatenated in index order; the int64 buffers become UINT64 metadata arrays (exact).
+MTP head (spec/qwen4exp-mtp.md §4): the checkpoint's top-level `mtp.*` tensors become block blk.{L} (L =
+num_hidden_layers; block_count = L + 1, nextn_predict_layers = 1): the decoder layer `mtp.layers.0.*` under the
+trunk's block names (same transformations: (1+w) norms, index_qk_proj split, experts stacked), plus
+blk.{L}.nextn.{enorm, hnorm} (pre_fc_norm_embedding / _hidden, +1), nextn.eh_proj = cat([fc_embedding,
+fc_hidden], dim=1) ({2E, E}: input columns 0..E-1 take the normed embedding, E..2E-1 one normed stream) and
+nextn.hc_head_{norm (+1), down, up} (the MTP's hyper_connection_mixer). Its compress ratio is the trunk's QSA
+ratio, not the 0 (dense) upstream writes: the reference runs QSA in the MTP layer. mtp=False (--no-mtp) drops
+the head: the file then is the trunk alone, which llama.cpp builds without qwen4exp MTP support load.
 Two llama.cpp converter bugs are NOT repeated: compress_ratios are written for every QSA layer whatever
 transformers calls it ("full_attention" or "indexed_attention"), and the PLE EOS is eos_token_id[0], the
 one transformers' n-gram module resets on.
@@ -414,8 +422,10 @@ def _tiled_perm(n_k: int, n_v: int, width: int) -> np.ndarray:
 
 
 class _Plan:
-    def __init__(self, ck: Checkpoint, cfg: dict, modelopt: dict | None = None):
+    def __init__(self, ck: Checkpoint, cfg: dict, modelopt: dict | None = None, mtp: bool = True):
         self.ck, self.cfg = ck, cfg
+        self.keep_mtp = mtp
+        self.n_mtp = 0                    # MTP blocks written (set by build)
         self.names = self._canonical_names()
         self.used: set[str] = set()
         self.nv = _nv_sources(ck, self.names, modelopt)
@@ -428,11 +438,12 @@ class _Plan:
         self.ple: dict | None = None
 
     def _canonical_names(self) -> dict[str, str]:
-        """HF-runtime name -> stored name, with language_model prefixes stripped; vision and MTP dropped."""
+        """HF-runtime name -> stored name, with language_model prefixes stripped; vision dropped, and the MTP head
+        when it is not kept."""
         out = {}
         for stored in self.ck.entries:
             n = stored
-            if n.startswith("mtp.") or ".visual." in n or n.startswith("visual.") or n.startswith("model.visual"):
+            if (n.startswith("mtp.") and not self.keep_mtp) or ".visual." in n or n.startswith("visual.") or n.startswith("model.visual"):
                 continue
             n = n.replace("model.language_model.", "model.").replace("language_model.model.", "model.")
             n = n.replace("language_model.lm_head.", "lm_head.")
@@ -499,6 +510,8 @@ class _Plan:
         self._hc("output_hc", "model.hyper_connection_mixer", inject=False)
         for i in range(c["num_hidden_layers"]):
             self._layer(i)
+        if any(n.startswith("mtp.") for n in self.names):
+            self._mtp(c["num_hidden_layers"])
         if self.has("lm_head.weight"):
             self.copy("output.weight", "lm_head.weight")
         elif not c.get("tie_word_embeddings"):
@@ -526,6 +539,39 @@ class _Plan:
         else:
             self._gdn(p, b)
         self._moe(p, b)
+
+    def _mtp(self, L: int) -> None:
+        """The MTP head as block blk.{L} (module docstring; spec/qwen4exp-mtp.md §4)."""
+        c = self.cfg
+        layers = sorted({int(m.group(1)) for n in self.names if (m := re.match(r"mtp\.layers\.(\d+)\.", n))})
+        n_cfg = c.get("mtp_num_hidden_layers", c.get("num_nextn_predict_layers"))
+        if layers != [0] or (n_cfg is not None and int(n_cfg) != 1):
+            raise ConvertError(f"the checkpoint's MTP head has layers {layers} (config: {n_cfg}); Strata runs one MTP "
+                               f"layer (mtp.layers.0.*) -- convert with --no-mtp to drop the head")
+        e, hc = c["hidden_size"], c["hc_count"]
+        p, b = "mtp.layers.0", f"blk.{L}"
+        self._hc(f"{b}.hc_attn", f"{p}.attn_hyper_connection")
+        self._hc(f"{b}.hc_ffn", f"{p}.mlp_hyper_connection")
+        self._qsa(p, b)             # always QSA (vLLM: qwen_sparse_attention; SGLang: full_attention)
+        self._moe(p, b)
+        self.copy(f"{b}.nextn.enorm.weight", "mtp.pre_fc_norm_embedding.weight", plus_one=True)
+        self.copy(f"{b}.nextn.hnorm.weight", "mtp.pre_fc_norm_hidden.weight", plus_one=True)
+        fe, fh = "mtp.fc_embedding.weight", "mtp.fc_hidden.weight"
+        for n, want in ((fe, (e, e)), (fh, (e, e)), ("mtp.pre_fc_norm_embedding.weight", (e,)),
+                        ("mtp.pre_fc_norm_hidden.weight", (hc * e,)),
+                        ("mtp.hyper_connection_mixer.hc_norm.weight", (hc * e,))):
+            if self.shape(n) != want:
+                raise ConvertError(f"{n} has shape {self.shape(n)}, expected {want} from config.json")
+        self.used.update([fe, fh])
+        # one {2E, E} matrix: [fc_embedding | fc_hidden] along the input axis (spec §2.2 step 3)
+        self.add(f"{b}.nextn.eh_proj.weight", (e, 2 * e),
+                 lambda: np.concatenate([self.get(fe), self.get(fh)], axis=1))
+        self._hc(f"{b}.nextn.hc_head", "mtp.hyper_connection_mixer", inject=False)
+        # a mixer inject weight (if any) is discarded, as vLLM and the trunk loader do; a dedicated head copy
+        # (mtp.shared_head.head) is the trunk's lm_head when mtp_use_dedicated_embeddings is false
+        self.used.update(n for n in self.names if n in ("mtp.hyper_connection_mixer.block_inject_weight.weight",
+                                                           "mtp.shared_head.head.weight"))
+        self.n_mtp = 1
 
     def _qsa(self, p: str, b: str) -> None:
         c = self.cfg
@@ -912,7 +958,9 @@ def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> N
     w.add_uint32("general.quantization_version", 2)
     w.add_uint32(f"{a}.context_length", cfg["max_position_embeddings"])
     w.add_uint32(f"{a}.embedding_length", cfg["hidden_size"])
-    w.add_uint32(f"{a}.block_count", n)
+    w.add_uint32(f"{a}.block_count", n + plan.n_mtp)
+    if plan.n_mtp:
+        w.add_uint32(f"{a}.nextn_predict_layers", plan.n_mtp)
     w.add_uint32(f"{a}.attention.head_count", cfg["num_attention_heads"])
     w.add_uint32(f"{a}.attention.head_count_kv", cfg["num_key_value_heads"])
     w.add_uint32(f"{a}.attention.key_length", hd)
@@ -930,7 +978,9 @@ def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> N
     w.add_uint32(f"{a}.ssm.group_count", nk)
     w.add_uint32(f"{a}.ssm.time_step_rank", nv)
     w.add_uint32(f"{a}.ssm.inner_size", nv * dv)
-    w.add_key_value(f"{a}.attention.recurrent_layers", [not q for q in cfg["is_qsa"]], VT.ARRAY, sub_type=VT.BOOL)
+    # the MTP block (blk.{n}) is attention
+    w.add_key_value(f"{a}.attention.recurrent_layers", [not q for q in cfg["is_qsa"]] + [False] * plan.n_mtp,
+                    VT.ARRAY, sub_type=VT.BOOL)
     w.add_uint32(f"{a}.full_attention_interval", interval)
     w.add_uint32(f"{a}.hyper_connection.count", cfg["hc_count"])
     w.add_uint32(f"{a}.hyper_connection.low_rank", cfg["hc_lowrank"])
@@ -939,7 +989,8 @@ def _metadata(w, cfg: dict, plan: _Plan, tk: dict, outtype: str, name: str) -> N
         w.add_uint32(f"{a}.attention.indexer.key_length", cfg["indexer_head_dim"])
         w.add_uint32(f"{a}.attention.indexer.top_k", cfg["indexer_budget"])
         ratio = cfg["indexer_compress_ratio"]
-        w.add_key_value(f"{a}.attention.compress_ratios", [ratio if q else 0 for q in cfg["is_qsa"]],
+        # the MTP block gets the trunk's QSA ratio (upstream writes 0 = dense, an approximation past the budget)
+        w.add_key_value(f"{a}.attention.compress_ratios", [ratio if q else 0 for q in cfg["is_qsa"]] + [ratio] * plan.n_mtp,
                         VT.ARRAY, sub_type=VT.INT32)
     if plan.ple is not None:
         eos = cfg.get("eos_token_id")
@@ -1007,12 +1058,13 @@ def _ple_external(ck: Checkpoint, plan: "_Plan", hf_dir: str, out_path: str, pac
 
 
 def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str | None = None,
-            log: Callable[[str], None] | None = None, ple_external: str | None = None) -> dict:
+            log: Callable[[str], None] | None = None, ple_external: str | None = None, mtp: bool = True) -> dict:
     """Convert the checkpoint in hf_dir to out_path. Returns {"tensors", "bytes", "types": {type: bytes},
     "nvfp4_dequantized": {gguf name: why} (ModelOpt NVFP4 sources that could not stay NVFP4)}.
     ple_external: a `strata pack-ple` output (directory or table file) made from this checkpoint: the GGUF
     then holds no per_layer_token_embd.weight and names the packed table in strata.ple_external (a path
-    relative to the GGUF), with strata.ple_external.rows / .source to identify it (pyrunner/ple.py)."""
+    relative to the GGUF), with strata.ple_external.rows / .source to identify it (pyrunner/ple.py).
+    mtp: write the checkpoint's MTP head (if it has one) as block blk.{L}; False drops it (--no-mtp)."""
     import gguf
 
     from .gguf import writing as gguf_writing
@@ -1027,7 +1079,7 @@ def convert(hf_dir: str, out_path: str, outtype: str = "f32", tokenizer_pre: str
     if len(cfg["ple_layer_ids"]) > 1:
         raise ConvertError(f"ple_layer_ids {cfg['ple_layer_ids']}: llama.cpp's qwen4exp format holds one PLE layer")
     ck = Checkpoint(hf_dir)
-    plan = _Plan(ck, cfg, modelopt)
+    plan = _Plan(ck, cfg, modelopt, mtp=mtp)
     plan.build()
     ext = _ple_external(ck, plan, hf_dir, out_path, ple_external) if ple_external is not None else None
     tk = read_tokenizer(hf_dir, cfg["vocab_size"], tokenizer_pre)

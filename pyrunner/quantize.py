@@ -25,6 +25,12 @@ ending `_norm.weight`, tensors not named `*.weight` (ssm_a, ssm_dt.bias), `ssm_c
 the QSA indexer projections `indexer.*` — small, and their scores pick blocks by top-k, where noise flips
 picks. (q8_0 quantizes them, as the converter does.)
 
+The MTP block (blk.{L} of a file with nextn_predict_layers, recognised by its `nextn.*` tensors) takes the
+same rules as a trunk block: its experts as trunk experts, `nextn.eh_proj` / `nextn.hc_head_{down,up}` as the
+matmul weights and hyper-connection matrices they are, its norms F32. It is left out of the "more bits"
+ordinals, so a file's trunk gets the same types with or without its MTP block, and it counts as the last
+layer (so it gets the larger type where the rule gives one, as llama.cpp's last layers do).
+
 Fallback when a row (ggml ne[0]) is not a multiple of the target's block: Q4_K -> Q5_1 (llama.cpp: Q5_0,
 which Strata does not write; Q5_1 is what real files use for 640-wide expert rows), Q6_K -> Q8_0,
 IQ2_XS -> IQ4_NL (as the real UD/IQ2 files store the 640-wide `ffn_down_exps` rows), NVFP4 -> IQ4_NL
@@ -137,19 +143,30 @@ def plan_types(tensors: list[dict], recipe: str) -> dict[str, str]:
     """{tensor name: output type} for a file's tensor list (gguf_info-style dicts with name/shape)."""
     if recipe not in RECIPES:
         raise QuantizeError(f"unknown recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
+    # MTP blocks (they hold nextn.* tensors): not counted among the trunk's ordinals
+    mtp = {t["name"].split(".")[1] for t in tensors if t["name"].startswith("blk.") and ".nextn." in t["name"]}
+
+    def in_mtp(name: str) -> bool:
+        return name.startswith("blk.") and name.split(".")[1] in mtp
+
     counts: dict[str, int] = {}
     for t in tensors:
-        counts[_kind(t["name"])] = counts.get(_kind(t["name"]), 0) + 1
+        if not in_mtp(t["name"]):
+            counts[_kind(t["name"])] = counts.get(_kind(t["name"]), 0) + 1
     seen: dict[str, int] = {}
     out = {}
     for t in tensors:
         name, ne, kind = t["name"], t["shape"], _kind(t["name"])
-        k = seen.get(kind, 0)
-        seen[kind] = k + 1
+        if in_mtp(name):
+            n_kind = counts.get(kind, 0)
+            k, counts_kind = max(n_kind - 1, 0), max(n_kind, 1)   # as the trunk's last layer
+        else:
+            k, counts_kind = seen.get(kind, 0), counts[kind]
+            seen[kind] = k + 1
         if _kept_f32(name, ne, recipe):
             out[name] = "F32"
             continue
-        typ = _wanted(name, recipe, k, counts[kind])
+        typ = _wanted(name, recipe, k, counts_kind)
         while ne[0] % _BLOCK[typ]:
             typ = _FALLBACK[typ]
         out[name] = typ

@@ -44,8 +44,10 @@ def tiny_hf_tool():
     return mod
 
 
-def make_hf(out_dir: Path, seed: int = 0, gate: str = "sigmoid", budget: int = 64, **overrides) -> Path:
-    """make_tiny_hf.make() with config fields overridden (its make() has fixed widths)."""
+def make_hf(out_dir: Path, seed: int = 0, gate: str = "sigmoid", budget: int = 64, mtp: bool = False,
+            **overrides) -> Path:
+    """make_tiny_hf.make() with config fields overridden (its make() has fixed widths); mtp: with the MTP head's
+    mtp.* tensors (make_tiny_hf.add_mtp)."""
     torch = importlib.import_module("torch")
     transformers = importlib.import_module("transformers")
     tool = tiny_hf_tool()
@@ -58,6 +60,8 @@ def make_hf(out_dir: Path, seed: int = 0, gate: str = "sigmoid", budget: int = 6
     model = transformers.Qwen4ExpForCausalLM(transformers.Qwen4ExpTextConfig(**cfg)).eval()
     tool.randomise(model, seed)
     model.save_pretrained(str(out_dir))
+    if mtp:
+        tool.add_mtp(str(out_dir), cfg, seed)
     return out_dir
 
 

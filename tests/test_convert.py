@@ -353,7 +353,8 @@ def _rewrite(src: Path, dst: Path, rename, extra: dict | None = None, config=Non
 
 def test_fused_experts_and_multimodal_layout_give_the_same_file(hf, work, f32):
     """Experts stored fused, the text model under model.language_model.* with a nested text_config, MTP and
-    vision tensors present (dropped), two safetensors files: the same GGUF bytes."""
+    vision tensors present (dropped: vision always, the MTP head with mtp=False), two safetensors files: the same
+    GGUF bytes."""
     fused = work / "fused" / "tiny"
     shutil.copytree(hf, fused)
     _tool()._fuse_experts(str(fused))
@@ -365,8 +366,11 @@ def test_fused_experts_and_multimodal_layout_give_the_same_file(hf, work, f32):
                                "text_config": c, "vision_config": {}})
     for d in (fused, mm):
         out = d.parent / "out.gguf"
-        convert(str(d), str(out), "f32")
+        convert(str(d), str(out), "f32", mtp=False)
         assert out.read_bytes() == f32.read_bytes(), d
+    # kept, a stray MTP tensor without the rest of the head is an error naming what is missing
+    with pytest.raises(ConvertError, match="mtp"):
+        convert(str(mm), str(mm.parent / "partial-mtp.gguf"), "f32")
 
 
 def test_silu_gate_recorded(hf, work):

@@ -3,7 +3,7 @@
 small byte-level BPE tokenizer, for converter and parity tests.
 
     python tools/make_tiny_hf.py OUT_DIR [--seed S] [--gate sigmoid|silu] [--budget B] [--fused-experts]
-                                 [--modelopt-nvfp4] [--expert-width N]
+                                 [--modelopt-nvfp4] [--expert-width N] [--mtp]
 
 The topology exercises every part of qwen4exp at toy widths: 4 layers (GDN, GDN, GDN, QSA), V heads != K
 heads in the GDN, 8 experts + a shared expert, PLE on a GDN layer with small hash tables split into row
@@ -14,6 +14,10 @@ other weights, at a scale that gives O(1) logits.
 --modelopt-nvfp4 stores the checkpoint as NVIDIA ModelOpt exports an NVFP4 model (see modelopt_nvfp4()) and
 writes OUT_DIR-dequant next to it: the same model with every quantized weight replaced by its dequantized
 float32 values, which transformers can run (it has no ModelOpt NVFP4 loader).
+
+--mtp adds the multi-token-prediction head as the released checkpoint stores it (spec/qwen4exp-mtp.md §1): the
+31 top-level `mtp.*` tensors (fused experts), random at the trunk's scale, written into model.safetensors next to
+the model's tensors (transformers ignores `mtp.*` when loading), and `mtp_num_hidden_layers: 1` in config.json.
 
 Test-only tool: needs torch==2.13.0, transformers==5.23.0 and tokenizers (pyproject test extras).
 """
@@ -129,11 +133,13 @@ def randomise(model, seed: int) -> None:
 
 
 def make(out_dir: str, seed: int = 0, gate: str = "sigmoid", budget: int = 64, fused_experts: bool = False,
-         modelopt_nvfp4: bool = False, expert_width: int | None = None, modelopt_exclude: tuple = ()) -> str:
+         modelopt_nvfp4: bool = False, expert_width: int | None = None, modelopt_exclude: tuple = (),
+         mtp: bool = False) -> str:
     """Write the tiny checkpoint to out_dir and return out_dir. modelopt_nvfp4: store it ModelOpt-NVFP4
     quantized, with the dequantized float checkpoint in dequant_dir(out_dir); modelopt_exclude: module
     patterns (fnmatch) left unquantized besides MODELOPT_EXCLUDE. expert_width: the routed and shared expert
-    FFN width (default 32; 64 makes the expert down rows whole NVFP4 blocks)."""
+    FFN width (default 32; 64 makes the expert down rows whole NVFP4 blocks). mtp: add the MTP head
+    (add_mtp())."""
     import torch
     from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
@@ -149,11 +155,70 @@ def make(out_dir: str, seed: int = 0, gate: str = "sigmoid", budget: int = 64, f
     model = Qwen4ExpForCausalLM(cfg).eval()
     randomise(model, seed)
     model.save_pretrained(out_dir)
+    if mtp:
+        add_mtp(out_dir, cfg.to_dict(), seed)
     if fused_experts:
         _fuse_experts(out_dir)
     if modelopt_nvfp4:
         modelopt_nvfp4_rewrite(out_dir, dequant_dir(out_dir), tuple(modelopt_exclude))
     return out_dir
+
+
+# ------------------------------------------------------------------------------------------ MTP head
+
+def mtp_shapes(cfg: dict) -> dict[str, tuple]:
+    """The 31 `mtp.*` tensors of spec/qwen4exp-mtp.md §1 and their PyTorch shapes for a config dict."""
+    H, hc, R = cfg["hidden_size"], cfg["hc_count"], cfg["hc_lowrank"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    ni, di = cfg["indexer_n_heads"], cfg["indexer_head_dim"]
+    ne, fe, fs = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    W = hc * H
+    out = {"mtp.pre_fc_norm_embedding.weight": (H,), "mtp.pre_fc_norm_hidden.weight": (W,),
+           "mtp.fc_embedding.weight": (H, H), "mtp.fc_hidden.weight": (H, H)}
+    L = "mtp.layers.0"
+    for hcm in ("attn_hyper_connection", "mlp_hyper_connection"):
+        out |= {f"{L}.{hcm}.hc_norm.weight": (W,), f"{L}.{hcm}.input_mix_weight_down.weight": (R, W),
+                f"{L}.{hcm}.input_mix_weight_up.weight": (W, R), f"{L}.{hcm}.block_inject_weight.weight": (hc, W)}
+    a = f"{L}.self_attn"
+    out |= {f"{a}.q_proj.weight": (2 * nh * hd, H), f"{a}.k_proj.weight": (nkv * hd, H),
+            f"{a}.v_proj.weight": (nkv * hd, H), f"{a}.o_proj.weight": (H, nh * hd),
+            f"{a}.q_norm.weight": (hd,), f"{a}.k_norm.weight": (hd,),
+            f"{a}.indexer.index_qk_proj.weight": ((ni + 1) * di, H),
+            f"{a}.indexer.q_layernorm.weight": (di,), f"{a}.indexer.k_layernorm.weight": (di,)}
+    m = f"{L}.mlp"
+    out |= {f"{m}.gate.weight": (ne, H), f"{m}.experts.gate_up_proj": (ne, 2 * fe, H),
+            f"{m}.experts.down_proj": (ne, H, fe), f"{m}.shared_expert.gate_proj.weight": (fs, H),
+            f"{m}.shared_expert.up_proj.weight": (fs, H), f"{m}.shared_expert.down_proj.weight": (H, fs),
+            f"{m}.shared_expert_gate.weight": (1, H)}
+    mx = "mtp.hyper_connection_mixer"
+    out |= {f"{mx}.hc_norm.weight": (W,), f"{mx}.input_mix_weight_down.weight": (R, W),
+            f"{mx}.input_mix_weight_up.weight": (W, R)}
+    assert len(out) == 31, len(out)
+    return out
+
+
+def add_mtp(out_dir: str, cfg: dict, seed: int) -> None:
+    """Add random `mtp.*` tensors (mtp_shapes) to out_dir's model.safetensors, at randomise()'s scales (norm
+    weights w around 0, applied as 1+w; matrices randn / sqrt(fan_in)), and mtp_num_hidden_layers: 1 to its
+    config.json."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(out_dir, "model.safetensors")
+    sd = load_file(path)
+    g = torch.Generator().manual_seed(seed + 7919)
+    for name, shape in mtp_shapes(cfg).items():
+        if name.endswith("norm.weight") or "layernorm" in name or "pre_fc_norm" in name:
+            sd[name] = 0.3 * torch.randn(shape, generator=g)
+        else:
+            sd[name] = torch.randn(shape, generator=g) / shape[-1] ** 0.5
+    save_file(sd, path, metadata={"format": "pt"})
+    cpath = os.path.join(out_dir, "config.json")
+    with open(cpath) as f:
+        c = json.load(f)
+    c["mtp_num_hidden_layers"] = 1
+    with open(cpath, "w") as f:
+        json.dump(c, f, indent=2)
 
 
 # ------------------------------------------------------------------------------------------ ModelOpt NVFP4
@@ -286,9 +351,10 @@ def main(argv=None) -> int:
     ap.add_argument("--modelopt-nvfp4", action="store_true",
                     help="store it ModelOpt-NVFP4 quantized; the dequantized twin goes to OUT_DIR-dequant")
     ap.add_argument("--expert-width", type=int, default=None, help="routed and shared expert FFN width (default 32)")
+    ap.add_argument("--mtp", action="store_true", help="add the MTP head's 31 mtp.* tensors (spec/qwen4exp-mtp.md)")
     a = ap.parse_args(argv)
     make(a.out_dir, a.seed, a.gate, a.budget, a.fused_experts, modelopt_nvfp4=a.modelopt_nvfp4,
-         expert_width=a.expert_width)
+         expert_width=a.expert_width, mtp=a.mtp)
     print(a.out_dir)
     return 0
 

@@ -239,6 +239,8 @@ void mdl_model_release(strata_model *m) {
         for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) free(vs[k]);
     }
     mat_free(&m->output);
+    free(m->mtp_enorm); free(m->mtp_hnorm); free(m->mtp_head_norm);
+    mat_free(&m->mtp_eh_proj); mat_free(&m->mtp_head_down); mat_free(&m->mtp_head_up);
     free(m->out_hc_norm);
     mat_free(&m->out_hc_down);
     mat_free(&m->out_hc_up);
@@ -266,9 +268,14 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
     int64_t nextn = 0;
     TRY(kv_int(g, "nextn_predict_layers", 0, &nextn));
     if (nextn < 0 || nextn >= x) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: nextn_predict_layers %lld out of range", (long long)nextn);
+    if (nextn > 1)
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: nextn_predict_layers %lld; Strata runs one MTP block "
+                           "(the released checkpoint has one): convert with one MTP layer or with --no-mtp", (long long)nextn);
     x -= nextn;
-    if (x > MDL_MAX_LAYERS) return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: %lld layers (at most %d)", (long long)x, MDL_MAX_LAYERS);
+    /* the MTP block, when present, is layers[n_layer]: it needs one more slot */
+    if (x + nextn > MDL_MAX_LAYERS) return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: %lld layers (at most %d)", (long long)(x + nextn), MDL_MAX_LAYERS);
     h->n_layer = (int32_t)x;
+    h->n_mtp = (int32_t)nextn;
     x = 4096; TRY(kv_int(g, "context_length", 0, &x)); h->n_ctx_train = x;
     x = 0; TRY(kv_int(g, "attention.head_count", 1, &x)); POSITIVE(x, "attention.head_count"); h->n_head = (int32_t)x;
     x = 0; TRY(kv_int(g, "attention.head_count_kv", 1, &x)); POSITIVE(x, "attention.head_count_kv"); h->n_head_kv = (int32_t)x;
@@ -325,6 +332,15 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
         if (r < 0 || r > 1 << 20) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: compress ratio %lld of layer %d", (long long)r, il);
         if (r > 0 && h->idx_budget % r)
             return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: indexer top_k %d is not a multiple of compress ratio %lld (layer %d)", h->idx_budget, (long long)r, il);
+        ratio[il] = (int32_t)r;
+    }
+    if (h->n_mtp) {
+        /* the MTP block is always QSA (spec/qwen4exp-mtp.md §2.2); its ratio is the array's entry
+         * n_layer as written (0 is resolved in load_all, where the tensors are known) */
+        const int il = h->n_layer;
+        int64_t r = n < 0 ? 0 : n == 1 ? arr[0] : il < n ? arr[il] : 0;
+        if (r < 0 || r > 1 << 20) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: compress ratio %lld of the MTP block %d", (long long)r, il);
+        is_qsa[il] = 1;
         ratio[il] = (int32_t)r;
     }
 
@@ -464,6 +480,39 @@ static strata_status load_layer(loader *ld, int il, int is_qsa, int ratio) {
     return STRATA_OK;
 }
 
+/* The MTP block blk.{n_layer} (spec/qwen4exp-mtp.md §4): a trunk-named QSA + MoE block plus the
+ * nextn.* fusion and head tensors. Its embedding and LM head are the trunk's; a file's optional
+ * nextn.embed_tokens / nextn.shared_head_head (copies of them) are not read. */
+static strata_status load_mtp(loader *ld, int32_t ratio[MDL_MAX_LAYERS]) {
+    strata_model *m = ld->m;
+    const mdl_hparams *h = &m->hp;
+    const int il = h->n_layer;
+    const int64_t E = h->n_embd, W = (int64_t)h->hc * E;
+    int32_t r = ratio[il];
+    strata_gguf_tensor t;
+    if (r == 0 && tensor(m, nm(ld, "blk.%d.indexer.k_proj.weight", il), &t)) {
+        /* upstream converters write 0 for the MTP block as a simplification (dense attention);
+         * the reference runs QSA, so the block gets the trunk's ratio */
+        for (int j = 0; j < h->n_layer && !r; j++)
+            if (m->layers[j].is_qsa) r = m->layers[j].ratio;
+        if (r > 0)
+            fprintf(stderr, "strata: MTP block %d has compress ratio 0 in the file; using the trunk's QSA ratio %d "
+                            "(the reference runs QSA in the MTP layer)\n", il, r);
+    }
+    if (r > 0 && h->idx_budget % r)
+        return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: indexer top_k %d is not a multiple of compress ratio %d (MTP block %d)",
+                           h->idx_budget, r, il);
+    TRY(load_layer(ld, il, 1, r));
+    TRY(vec(ld, "blk.%d.nextn.enorm.weight", il, E, &m->mtp_enorm));
+    TRY(vec(ld, "blk.%d.nextn.hnorm.weight", il, W, &m->mtp_hnorm));
+    TRY(mat(ld, "blk.%d.nextn.eh_proj.weight", il, 2 * E, E, 1, &m->mtp_eh_proj));
+    /* {hc*E} or {E, hc} (some builds): the same values in the same order */
+    TRY(vec(ld, "blk.%d.nextn.hc_head_norm.weight", il, W, &m->mtp_head_norm));
+    TRY(mat(ld, "blk.%d.nextn.hc_head_down.weight", il, W, h->hc_rank, 1, &m->mtp_head_down));
+    TRY(mat(ld, "blk.%d.nextn.hc_head_up.weight", il, h->hc_rank, W, 1, &m->mtp_head_up));
+    return STRATA_OK;
+}
+
 static strata_status load_all(strata_model *m) {
     int32_t is_qsa[MDL_MAX_LAYERS] = {0}, ratio[MDL_MAX_LAYERS] = {0};
     TRY(read_hparams(m, is_qsa, ratio));
@@ -488,6 +537,7 @@ static strata_status load_all(strata_model *m) {
     TRY(load_hc(&ld, "", -1, &m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL));
     if (h->ple_layer >= 0) TRY(mdl_ple_bind(m));   /* ple.c: table, access mode, worker */
     for (int il = 0; il < h->n_layer; il++) TRY(load_layer(&ld, il, is_qsa[il], ratio[il]));
+    if (h->n_mtp) TRY(load_mtp(&ld, ratio));
     return STRATA_OK;
 }
 

@@ -136,8 +136,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
     for (int64_t i = 0; i < L * K; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));
     float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = out + L * K * E;
-    /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool */
-    if (m->off) {
+    /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool. It
+     * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
+    const int trunk = il < hp->n_layer;
+    if (m->off && trunk) {
         kind = malloc((size_t)Ne);
         dslot = malloc((size_t)Ne * sizeof(int32_t));
         int32_t *min_rank = malloc((size_t)Ne * sizeof(int32_t));
@@ -154,7 +156,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         free(min_rank);
         if ((rc = off_submit(m, il, Ne, count, kind, dslot, xg, out, &dev_seq))) goto done;
     }
-    if (m->trace) trace_routing(m, il, L, K, pick, pw, Ne, kind);
+    if (m->trace && trunk) trace_routing(m, il, L, K, pick, pw, Ne, kind);   /* the trace is the trunk's routing */
     const double t_cpu = now_s();
     int nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {

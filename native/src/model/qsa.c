@@ -183,12 +183,19 @@ static void store_row(const strata_session *s, mdl_layer_state *st, void *base, 
 }
 
 strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    return mdl_qsa_at(s, il, &s->ls[il], s->n_past, u, L, y);
+}
+
+strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
+                         float *y) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
-    mdl_layer_state *st = &s->ls[il];
     const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, nI = hp->idx_heads, dI = hp->idx_dim;
-    const int64_t p0 = s->n_past, r = l->ratio, half = hp->n_rot / 2;
+    const int64_t r = l->ratio, half = hp->n_rot / 2;
+    /* rows from p0 on are (re)written here: a block summary that covers any of them is stale (the
+     * MTP head rewrites its rows every draft round; the trunk's n_blk never exceeds p0 / r) */
+    if (r > 0 && st->n_blk > p0 / r) st->n_blk = p0 / r;
     /* a query keeps at most budget + r - 1 keys and never more than it can see (p0 + L): the
      * second bound keeps a file's huge budget from sizing the buffers */
     int64_t sel_cap = r > 0 ? (int64_t)hp->idx_budget + r : 1;

@@ -231,3 +231,22 @@ def test_bad_arguments_raise_with_message():
         quant.matmul("Q8_0", bytes(34), 2, 32, np.zeros(32, np.float32))
     with pytest.raises(ValueError, match="shape"):
         quant.matmul("Q8_0", bytes(68), 2, 32, np.zeros(31, np.float32))
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL"])
+def test_row_group_kernels_match_scalar(name):
+    """Types whose short rows take a kernel working on eight rows at once (matmul.c rows_kernel):
+    row counts that leave 1..7 rows in the last group, rows of 1..8 blocks, several column
+    counts; bit for bit against the scalar path."""
+    need_isa("avx2")
+    rng = np.random.default_rng(seed(name, "rows"))
+    for kind in ("random", "ones", "high", "zeros", "raw"):
+        for rows in (1, 7, 8, 9, 37):
+            for cols in (32, 96, 160, 256, 320, 480):
+                data = make_blocks(name, rows * cols, kind, rng)
+                for style in ("normal", "outlier", "sparse"):
+                    for n in (1, 3, 16, 19):
+                        x = make_x(rng, n, cols, style)
+                        a = quant.matmul(name, data, rows, cols, x, isa="scalar")
+                        b = quant.matmul(name, data, rows, cols, x, isa="avx2")
+                        assert_bits_equal(a, b, f"{name} {kind} {rows}x{cols} n={n} {style}")

@@ -334,3 +334,74 @@ void strata_avx2_vec_dot_mxfp4(int64_t n, const void *w, const void *x, size_t x
 void strata_avx2_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     f4_vec_dot(F4_NVFP4, n, w, x, xs, nc, y);
 }
+
+/* ---------------------------------------------------------------- several rows at once (IQ4_NL) */
+
+/* Rows of IQ4_NL across the lanes: lane r of every vector belongs to weight row r of a group
+ * of 8. For block b of the rows, the eight exact integer sums (one per row) come out of one
+ * q8_reduce8, and
+ *     L[b % 8] = fma(d_w * d_x, sumi, L[b % 8])     (lane r: row r's d_w)
+ * is the operation that lane b % 8 of row r's accumulator gets in f4_vec_dot_1/_n, in the same
+ * order (blocks ascending per lane; a row's partial last group adds its blocks to the lanes
+ * they belong to). The row's result is strata_hsum8 of its eight lanes, here computed across
+ * the eight vectors L[0..7] in the same order, with 0 for the lanes a short row never touches
+ * (there the row path keeps 0 too). So every output is bit for bit the row path's.
+ *
+ * What this saves: a short row (the 96-wide expert down rows are 3 blocks) pays the row path's
+ * partial-group set-up for every row and column; here the set-up is per group of 8 rows, the
+ * activation block is loaded once for 8 rows, and the weights of the group are decoded once
+ * for every column. */
+enum { RW_ROWS = 8, RW_MAX_NB = 16 };
+
+static inline __m256 rw_hsum_lanes(const __m256 L[8]) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[0], L[4]), _mm256_add_ps(L[2], L[6])),
+                         _mm256_add_ps(_mm256_add_ps(L[1], L[5]), _mm256_add_ps(L[3], L[7])));
+}
+
+/* One column against a decoded group: wu/ws[b * 8 + r] = operands of row r's block b. */
+static inline __m256 rw_column(int nb, const __m256i *wu, const __m256i *ws, const __m256 *dw,
+                               const act_q8_32 *xa) {
+    __m256 L[8];
+    for (int j = 0; j < 8; j++) L[j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)xa[b].qs);
+        __m256i p[8];
+        for (int r = 0; r < RW_ROWS; r++)
+            p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[b * 8 + r], _mm256_sign_epi8(y, ws[b * 8 + r])),
+                                     _mm256_set1_epi16(1));
+        const __m256 a0 = _mm256_mul_ps(dw[b], _mm256_set1_ps(xa[b].d));
+        L[b % 8] = _mm256_fmadd_ps(a0, _mm256_cvtepi32_ps(q8_reduce8(p)), L[b % 8]);
+    }
+    return rw_hsum_lanes(L);
+}
+
+void strata_avx2_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                             size_t x_stride, int ncols, float *y, int64_t ldy) {
+    const int nb = (int)(n / 32);
+    const __m256i tab = q8_table16(strata_kvalues_iq4nl);
+    const __m256i atab = _mm256_abs_epi8(tab);
+    _Alignas(32) __m256i wu[RW_MAX_NB * RW_ROWS], ws[RW_MAX_NB * RW_ROWS];
+    __m256 dw[RW_MAX_NB];
+    for (int64_t r0 = 0; r0 < nrows; r0 += RW_ROWS) {
+        const int nr = nrows - r0 < RW_ROWS ? (int)(nrows - r0) : RW_ROWS;
+        const uint8_t *rp[RW_ROWS];
+        for (int r = 0; r < RW_ROWS; r++) rp[r] = r < nr ? (const uint8_t *)w + (size_t)(r0 + r) * w_row : NULL;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *bk[RW_ROWS];
+            for (int r = 0; r < RW_ROWS; r++) bk[r] = rp[r] ? rp[r] + 18 * b : q8_zero_block;
+            for (int r = 0; r < RW_ROWS; r++) f4_operands(F4_IQ4_NL, bk[r], tab, atab, &wu[b * 8 + r], &ws[b * 8 + r]);
+            dw[b] = q8_load_f16x8(NULL, 0, 0, bk);
+        }
+        for (int c = 0; c < ncols; c++) {
+            const __m256 v = rw_column(nb, wu, ws, dw, (const act_q8_32 *)((const char *)x + (size_t)c * x_stride));
+            float *yc = y + (int64_t)c * ldy + r0;
+            if (nr == RW_ROWS) {
+                _mm256_storeu_ps(yc, v);
+            } else {
+                float t[8];
+                _mm256_storeu_ps(t, v);
+                for (int r = 0; r < nr; r++) yc[r] = t[r];
+            }
+        }
+    }
+}

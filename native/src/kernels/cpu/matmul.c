@@ -13,6 +13,9 @@
 #include <stdlib.h>
 
 #include "../../util/error.h"
+#if STRATA_HAVE_AVX2
+#include "avx2_fp4.h"
+#endif
 
 enum { COL_TILE = 16 };
 
@@ -42,6 +45,26 @@ static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_thread
     return rpt;
 }
 
+/* Rows r0..r1 against all n columns with a kernel that takes several rows at once, where one
+ * exists for this type, width and ISA (same results as vec_dot, bit for bit). Returns 0 if not. */
+static int rows_kernel(const strata_qtraits *t, int isa, const char *w, size_t w_row, int64_t rows, int64_t cols,
+                       const void *xa, size_t xa_row, int64_t n, float *y, int64_t r0, int64_t r1) {
+#if STRATA_HAVE_AVX2
+    /* IQ4_NL rows of at most 8 blocks (the 96-wide expert down rows: 3) */
+    if (isa == STRATA_ISA_IDX_AVX2 && t->type == GT_IQ4_NL && cols <= 512) {
+        for (int64_t j0 = 0; j0 < n; j0 += COL_TILE) {
+            const int nc = (int)(n - j0 < COL_TILE ? n - j0 : COL_TILE);
+            strata_avx2_rows_iq4_nl(cols, w + (size_t)r0 * w_row, w_row, r1 - r0, (const char *)xa + (size_t)j0 * xa_row,
+                                    xa_row, nc, y + j0 * rows + r0, rows);
+        }
+        return 1;
+    }
+#endif
+    (void)t; (void)isa; (void)w; (void)w_row; (void)rows; (void)cols; (void)xa; (void)xa_row; (void)n; (void)y;
+    (void)r0; (void)r1;
+    return 0;
+}
+
 static void act_task(void *arg, int64_t j, int thread) {
     (void)thread;
     mm_job *m = arg;
@@ -56,6 +79,7 @@ static void mm_task(void *arg, int64_t task, int thread) {
     mm_job *m = arg;
     const int64_t r0 = task * m->rows_per_task;
     const int64_t r1 = r0 + m->rows_per_task < m->rows ? r0 + m->rows_per_task : m->rows;
+    if (rows_kernel(m->t, m->isa, m->w, m->w_row, m->rows, m->cols, m->xa, m->xa_row, m->n, m->y, r0, r1)) return;
     const strata_vec_dot_fn dot = m->t->vec_dot[m->isa];
     float tmp[COL_TILE];
     for (int64_t j0 = 0; j0 < m->n; j0 += COL_TILE) {
@@ -131,6 +155,9 @@ static void multi_mm_task(void *arg, int64_t task, int thread) {
     const int64_t r0 = M->tasks[task][1], r1 = M->tasks[task][2];
     const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
     const size_t xa_row = M->xa_row[M->tasks[task][0]];
+    if (rows_kernel(it->t, M->isa, it->w, w_row, it->rows, it->cols, M->xa[M->tasks[task][0]], xa_row, it->n, it->y,
+                    r0, r1))
+        return;
     const strata_vec_dot_fn dot = it->t->vec_dot[M->isa];
     const char *w = it->w;
     float tmp[COL_TILE];

@@ -143,25 +143,59 @@ def shared_prefix(a: list[int] | None, b: list[int] | None) -> int:
     return i
 
 
-def run_one(model, session, req: dict, defaults: SamplingParams, next_ids: list[int] | None = None) -> dict:
+def run_one(model, session, req: dict, defaults: SamplingParams, next_ids: list[int] | None = None,
+            watchdog_s: float | None = None) -> dict:
     """The result record of one parsed request (an error record if it cannot run). next_ids: the next
     request's prompt, so that a checkpoint is kept where the two part (a shared system prompt is then
-    evaluated once)."""
+    evaluated once). A request the watchdog aborted (watchdog_s, pyrunner.generate) gets an error record
+    that keeps its partial "text", "finish_reason": "error" and its "stats"."""
     try:
         params = SamplingParams.from_dict({**asdict(defaults), **req["sampling"]})
         ids = request_ids(model, req)
         kw = asdict(params)
         share = shared_prefix(ids, next_ids)
-        c = generate(model, ids, session=session, checkpoint_at=[share] if share else (), **kw)
+        c = generate(model, ids, session=session, checkpoint_at=[share] if share else (), watchdog_s=watchdog_s,
+                     **kw)
     except (ValueError, TypeError, StrataError) as e:   # bad fields, template errors, prompt too long,
         return {"id": req["id"], "error": str(e)}            # a failed evaluation: the next line goes on
+    if c.error is not None:
+        return {"id": req["id"], "error": c.error, "text": c.text, "finish_reason": c.finish_reason,
+                "stats": c.stats}
     return {"id": req["id"], "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
 
 
+class LiveStats:
+    """Running totals over a batch's results for its progress line: tokens/s, cache hit rate and MTP
+    acceptance as they change."""
+
+    def __init__(self):
+        self.tokens = 0
+        self.decode_s = 0.0
+        self.hits = self.lookups = 0
+        self.proposed = self.accepted = 0
+
+    def add(self, stats: dict) -> None:
+        self.tokens += int(stats.get("generated_tokens", 0))
+        self.decode_s += float(stats.get("decode_s", 0.0)) + float(stats.get("prefill_s", 0.0))
+        self.hits += int(stats.get("cache_hits", 0))
+        self.lookups += int(stats.get("cache_lookups", 0))
+        self.proposed += int(stats.get("drafts_proposed", 0))
+        self.accepted += int(stats.get("drafts_accepted", 0))
+
+    def line(self) -> str:
+        parts = [f"{self.tokens / self.decode_s:.1f} tok/s" if self.decode_s > 0 else "- tok/s"]
+        if self.lookups:
+            parts.append(f"hit rate {100 * self.hits / self.lookups:.1f} %")
+        if self.proposed:
+            parts.append(f"draft accepted {self.accepted}/{self.proposed}")
+        return ", ".join(parts)
+
+
 def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, watchdog_s: float | None = None) -> dict:
     """Run every request of in_path that out_path does not hold yet; returns counts
-    {"total", "skipped", "done", "errors", "duplicates"}."""
+    {"total", "skipped", "done", "errors", "duplicates"}. The progress bar shows the running tokens/s,
+    cache hit rate and draft acceptance (LiveStats)."""
     defaults = defaults or SamplingParams()
     try:
         with open(in_path, encoding="utf-8") as f:
@@ -200,8 +234,9 @@ def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | Non
             import click
             label = f"batch: {len(todo)} to run" + (f", {skipped} already in {out_path}" if skipped else "")
             bar = click.progressbar(length=len(todo), label=label, file=sys.stderr, show_pos=True,
-                                    show_eta=True)
+                                    show_eta=True, item_show_func=lambda item: item)
             bar.__enter__()
+        live = LiveStats()
         ids = [None] * len(todo)
         for i, req in enumerate(todo):
             if i + 1 < len(todo) and "error" not in todo[i + 1]:
@@ -210,11 +245,12 @@ def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | Non
                 except (ValueError, TypeError, StrataError):
                     pass                                    # run_one reports it when its turn comes
             nxt = ids[i + 1] if i + 1 < len(todo) else None
-            rec = req if "error" in req else run_one(model, session, req, defaults, nxt)
+            rec = req if "error" in req else run_one(model, session, req, defaults, nxt, watchdog_s)
             _write_line(fd, rec)
             counts["errors" if "error" in rec else "done"] += 1
+            live.add(rec.get("stats") or {})
             if bar is not None:
-                bar.update(1)
+                bar.update(1, live.line())
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)

@@ -182,7 +182,11 @@ def bench_kernels(as_json, types, threads, batches):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
 @click.option("--mtp", type=int, default=0, show_default=True,
               help="K > 0: decode with K MTP drafts per window next to decode without, at forced acceptance rates.")
-def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp):
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also run the benchmark once more with the timeline recorder on, write that run's trace, and "
+                   "report the recorder's cost (tokens/s with and without it).")
+def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
+                trace_path):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run, and the ratios.
     With --mtp K: decode with K drafts per verify window against decode without, in one run: tokens/s,
@@ -209,9 +213,34 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
     try:
         res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                             kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log)
+        if trace_path:
+            res["trace"] = _bench_traced(trace_path, res, lambda: b.bench_model(
+                model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, kv_type=kv_type,
+                seed=seed, log=log))
     except (b.BenchError, StrataError) as e:
         raise _fail(e) from None
     _bench_out(res, as_json, b.format_model_table)
+    if trace_path:
+        t = res["trace"]
+        click.echo(f"trace: {t['events']} events in {trace_path}; recorder on: prefill {t['prefill_tps']:.2f} tok/s, "
+                   f"decode {t['decode_tps']:.2f} tok/s (off: {res['strata']['prefill_tps']:.2f}, "
+                   f"{res['strata']['decode_tps']:.2f}; decode overhead {t['decode_overhead_pct']:+.1f} %)", err=True)
+
+
+def _bench_traced(path: str, res: dict, run) -> dict:
+    """Runs the benchmark again with the recorder on; its rates and overhead against the untraced run
+    (also written into the trace's metadata)."""
+    from .trace import Tracer
+
+    with Tracer(path) as tr:
+        on = run()["strata"]
+        off = res["strata"]
+        out = {"prefill_tps": on["prefill_tps"], "decode_tps": on["decode_tps"],
+               "prefill_overhead_pct": 100 * (off["prefill_tps"] / on["prefill_tps"] - 1) if on["prefill_tps"] else None,
+               "decode_overhead_pct": 100 * (off["decode_tps"] / on["decode_tps"] - 1) if on["decode_tps"] else None}
+        tr.meta["overhead"] = dict(out, prefill_tps_off=off["prefill_tps"], decode_tps_off=off["decode_tps"])
+    out["events"] = tr.meta["events"]
+    return out
 
 
 def _bench_out(res: dict, as_json: bool, table) -> None:
@@ -275,6 +304,12 @@ def _engine_options(f):
         click.option("--prefill-chunk", type=int, default=None, help="Prefill chunk, tokens [default: 8192]."),
         click.option("--mtp", type=int, default=None, help="Tokens drafted per step by the MTP head (0 = off)."),
         click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
+        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                     help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
+                          "counters); draw it with `strata plot`."),
+        click.option("--watchdog-s", type=float, default=None,
+                     help="Abort a request after this many seconds without progress, keeping its partial output "
+                          "[default: 600; 0 = off]."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -304,6 +339,8 @@ def _open_model(kwargs: dict):
 
     path = kwargs.pop("model_path")
     trace = kwargs.pop("trace_routing", None)
+    kwargs.pop("trace_path", None)          # (_tracer) and the watchdog (_watchdog) are per request
+    kwargs.pop("watchdog_s", None)
     engine = {k: kwargs.pop(k) for k in _ENGINE if kwargs.get(k) is not None}
     for k in _ENGINE:
         kwargs.pop(k, None)
@@ -322,6 +359,34 @@ def _open_model(kwargs: dict):
         return model
     except (MakeModelError, StrataError, ValueError, OSError) as e:
         raise _fail(e) from None
+
+
+def _tracer(kwargs: dict):
+    """A pyrunner.trace.Tracer for --trace FILE (a no-op context without it). Read before _open_model."""
+    import contextlib
+
+    from .trace import Tracer
+
+    path = kwargs.get("trace_path")
+    if not path:
+        return contextlib.nullcontext()
+    try:
+        return Tracer(path)
+    except OSError as e:
+        raise click.ClickException(f"--trace {path}: cannot write it ({e.strerror or e})") from None
+
+
+def _watchdog(kwargs: dict) -> float:
+    """--watchdog-s (or STRATA_WATCHDOG_S), default 600; <= 0 turns it off."""
+    from .trace import watchdog_seconds
+
+    return watchdog_seconds(kwargs.get("watchdog_s"))
+
+
+def _trace_note(tr) -> None:
+    if tr is not None and hasattr(tr, "path"):
+        click.echo(f"trace: {tr.meta.get('events', 0)} events in {tr.path} ({tr.meta.get('dropped_events', 0)} "
+                   f"dropped); draw it with `strata plot {tr.path} -o timeline.png`", err=True)
 
 
 def _sampling(kwargs: dict, max_tokens: int):
@@ -345,6 +410,8 @@ def _stats_line(stats: dict, finish_reason: str | None = None) -> str:
     parts.append(f"generated {s.get('generated_tokens', 0)} tokens")
     if "decode_s" in s:
         parts.append(f"decode {s['decode_s']:.3f} s ({s.get('decode_tps', 0):.1f} tok/s)")
+    if s.get("cache_lookups"):
+        parts.append(f"cache hit rate {100 * s.get('hit_rate', 0):.1f} % ({s['cache_hits']}/{s['cache_lookups']})")
     if "drafts_proposed" in s:
         parts.append(f"draft accepted {s['drafts_accepted']}/{s['drafts_proposed']}"
                      + (f" (mean accepted length {s['mean_accepted_len']:.2f} in {s['mtp_windows']} windows,"
@@ -374,21 +441,27 @@ def generate(prompt, max_tokens, as_json, **kwargs):
             raise click.ClickException('give a prompt: strata generate "Once upon a time" (or pipe text in)')
         prompt = sys.stdin.read()
     params = _sampling(kwargs, max_tokens)
+    wd = _watchdog(kwargs)
+    tracer = _tracer(kwargs)
     model = _open_model(kwargs)
     try:
-        with model:
+        with tracer, model:
             if as_json:
-                c = run(model, prompt, **_asdict(params))
+                c = run(model, prompt, watchdog_s=wd, **_asdict(params))
                 click.echo(json.dumps(c.to_dict(), ensure_ascii=False))
-                return
-            stream = run(model, prompt, stream=True, **_asdict(params))
-            for piece in stream:
-                click.echo(piece, nl=False)
-                sys.stdout.flush()
-            click.echo("")
-            click.echo(_stats_line(stream.completion.stats, stream.completion.finish_reason), err=True)
+            else:
+                stream = run(model, prompt, stream=True, watchdog_s=wd, **_asdict(params))
+                for piece in stream:
+                    click.echo(piece, nl=False)
+                    sys.stdout.flush()
+                click.echo("")
+                c = stream.completion
+                click.echo(_stats_line(c.stats, c.finish_reason), err=True)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
+    _trace_note(tracer if kwargs.get("trace_path") else None)
+    if c.error is not None:     # the partial text is out; the error goes to stderr and the exit status
+        raise click.ClickException(c.error)
 
 
 def _asdict(params) -> dict:
@@ -452,13 +525,18 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                                    '\'{"enable_thinking": false}\'') from None
     if not isinstance(variables, dict):
         raise click.ClickException("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    from .batch import LiveStats
+
+    wd = _watchdog(kwargs)
+    tracer = _tracer(kwargs)
     model = _open_model(kwargs)
     interactive = sys.stdin.isatty()
     base = [{"role": "system", "content": system}] if system else []
     messages = list(base)
     last = None
     turn = None      # the last finished turn, which the next one continues token for token
-    with model:
+    live = LiveStats()   # the conversation's running totals for /stats
+    with tracer, model:
         sess = model.session()
         if interactive:
             try:
@@ -486,15 +564,15 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                     last = turn = None
                     click.echo("(conversation cleared)")
                 elif cmd == "/stats":
-                    click.echo(f"({_stats_line(last[0], last[1])}; context {sess.n_past}/{model.n_ctx} tokens)"
-                               if last else "(no answer yet)")
+                    click.echo(f"({_stats_line(last[0], last[1])}; context {sess.n_past}/{model.n_ctx} tokens; "
+                               f"conversation: {live.line()})" if last else "(no answer yet)")
                 else:
                     click.echo(f"(unknown command {cmd}; {_CHAT_HELP})")
                 continue
             messages.append({"role": "user", "content": text})
             try:
                 ids, prompt_text = chat_prompt_ids(model, messages, turn, **variables)
-                stream = run(model, ids, session=sess, stream=True, **params)
+                stream = run(model, ids, session=sess, stream=True, watchdog_s=wd, **params)
                 parts = []
                 try:
                     for piece in stream:
@@ -503,7 +581,12 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                         sys.stdout.flush()
                     c = stream.completion
                     last = (c.stats, c.finish_reason)
+                    live.add(c.stats)
                     turn = ChatTurn(ids, prompt_text, c.tokens, c.text)
+                    if c.error is not None:     # the watchdog: the partial answer stays, the chat goes on
+                        click.echo("", err=True)
+                        click.echo(f"error: {c.error}", err=True)
+                        turn = None
                 except KeyboardInterrupt:
                     click.echo(" (stopped)", nl=False)
                     last = turn = None
@@ -513,6 +596,7 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                 messages.pop()
                 click.echo(f"error: {e}" + ("; /reset starts a new conversation" if "context" in str(e) else ""),
                            err=True)
+    _trace_note(tracer if kwargs.get("trace_path") else None)
 
 
 @_with_env
@@ -534,12 +618,15 @@ def batch(in_path, out_path, max_tokens, quiet, **kwargs):
     from .batch import BatchError, run_batch
 
     params = _sampling(kwargs, max_tokens)
+    wd = _watchdog(kwargs)
+    tracer = _tracer(kwargs)
     model = _open_model(kwargs)
     try:
-        with model:
-            counts = run_batch(model, in_path, out_path, params, progress=not quiet)
+        with tracer, model:
+            counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd)
     except (BatchError, StrataError) as e:
         raise _fail(e) from None
+    _trace_note(tracer if kwargs.get("trace_path") else None)
     click.echo(f"batch: {counts['total']} requests in {in_path}: {counts['done']} run, {counts['errors']} with errors, "
                f"{counts['skipped']} already in {out_path}"
                + (f", {counts['duplicates']} duplicate ids ignored" if counts["duplicates"] else ""), err=True)
@@ -584,6 +671,27 @@ def cache_sim(trace, capacity, policy, interval, n_expert, as_json):
     click.echo(f"{policy}: {res.hits}/{res.lookups} hits ({100 * res.hit_rate:.1f} %) with {slots} slots "
                f"({100 * slots / (n_layer * n_expert):.1f} % of {n_layer} layers x {n_expert} experts), "
                f"{n_windows} windows")
+
+# ------------------------------------------------------------------ plot
+
+
+@main.command()
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="The PNG to write.")
+@click.option("--bins", type=int, default=200, show_default=True, help="Time bins of the busy and routing panels.")
+def plot(trace, out, bins):
+    """Draw a --trace timeline as a PNG: routing and cache panels on top, RAM / device memory, CPU and
+    device busy and storage reads below, request boundaries marked, and a per-request summary table
+    (also printed)."""
+    from .plot import PlotError, render
+
+    try:
+        res = render(trace, out, bins=max(10, bins))
+    except PlotError as e:
+        raise _fail(e) from None
+    click.echo(res["summary"])
+    click.echo(f"wrote {out} ({res['requests']} requests)", err=True)
+
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """generate.py — one request: prompt -> tokens -> sampled continuation -> text, with stats.
 
     c = generate(model, "Once upon a time", max_tokens=64, temperature=0.7, seed=1)
-    c.text, c.tokens, c.finish_reason, c.stats          # finish_reason "stop" | "length"
+    c.text, c.tokens, c.finish_reason, c.stats          # finish_reason "stop" | "length" | "error"
 
     s = generate(model, prompt, stream=True)             # a CompletionStream
     for piece in s: print(piece, end="")
@@ -31,6 +31,13 @@ With mtp > 0 the decode runs in verify windows (pyrunner.mtp): drafts from the m
 one trunk pass over the window, the longest agreeing prefix kept and the rest rolled back. Greedy
 output is the same token for token; sampled output has the same distribution.
 
+Watchdog (DESIGN §7, pyrunner.trace): a request that makes no progress for `watchdog_s` seconds (default:
+STRATA_WATCHDOG_S, else 600; <= 0 off) is aborted inside libstrata; generate() then returns what was
+generated so far as a Completion with finish_reason "error" and `error` set to the message, which names the
+stage ("decode step 12, layer 40 MoE: waiting for the device's copies ..."). The session starts over at
+its next request (the state of an aborted eval is unknown); the model stays usable. With --trace
+(pyrunner.trace.Tracer active) the loop adds request, prefill and decode-step spans and counters.
+
 Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not apply):
     prompt_tokens          tokens of the prompt
     reused_prompt_tokens   of those, held by the session already (not evaluated again)
@@ -54,6 +61,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from . import trace
+from ._native import StrataError
 from .mtp import MTPDecoder
 from .sampling import Sampler, SamplingParams, StopCriteria
 
@@ -125,13 +134,18 @@ class Completion:
     """The result of one request."""
     text: str
     tokens: list[int]
-    finish_reason: str                       # "stop" (EOS or a stop string) or "length"
+    finish_reason: str                       # "stop" (EOS or a stop string), "length", or "error"
     stats: dict = field(default_factory=dict)
+    error: str | None = None                 # finish_reason "error": what went wrong (the watchdog's message)
 
     def to_dict(self) -> dict:
-        """The `--json` form: exactly {"text", "tokens", "finish_reason", "stats"}."""
-        return {"text": self.text, "tokens": list(self.tokens), "finish_reason": self.finish_reason,
-                "stats": dict(self.stats)}
+        """The `--json` form: {"text", "tokens", "finish_reason", "stats"}, plus "error" when the
+        request was aborted (finish_reason "error")."""
+        d = {"text": self.text, "tokens": list(self.tokens), "finish_reason": self.finish_reason,
+             "stats": dict(self.stats)}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
 
 
 class CompletionStream:
@@ -229,8 +243,23 @@ def _check_fits(model, ids: list[int]) -> None:
 
 
 def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
-          mtp: int = 0, checkpoint_at=(), draft_hook=None):
+          mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S):
     """Generator: yields text pieces, returns the Completion."""
+    tr = trace.current()
+    if tr is not None:
+        tr.request_begin(model, sess, prompt_tokens=len(ids))
+    trace.watchdog(watchdog_s)
+    c = None
+    try:
+        c = yield from _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook)
+    finally:
+        trace.watchdog(0)
+        if tr is not None:
+            tr.request_end(model, sess, c)
+    return c
+
+
+def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook):
     n_ctx = model.n_ctx
     _check_fits(model, ids)
     sampler = Sampler(params)
@@ -243,8 +272,22 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     reused = sess.reuse(ids)
     prev_row = sess.hidden
     stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
+    error = None
     t0 = time.perf_counter()
-    logits, rows, _ = sess.prefill(ids, hidden=drafter is not None, checkpoint_at=checkpoint_at)
+    trace.label(f"prefill of {len(ids) - reused} prompt tokens")
+    try:
+        with trace.span("prefill", "prefill", tokens=len(ids) - reused, reused=reused):
+            logits, rows, _ = sess.prefill(ids, hidden=drafter is not None, checkpoint_at=checkpoint_at)
+    except StrataError as e:
+        e = trace.as_watchdog(e)
+        if not isinstance(e, trace.WatchdogError):
+            raise
+        error = str(e)
+    if error is not None:           # nothing was generated: an empty completion that says why
+        stats["generated_tokens"] = 0
+        stats.update(_offload_stats(model, off0))
+        stats = {k: stats[k] for k in STATS_KEYS if k in stats}
+        return Completion("", [], "error", stats, error)
     if reused < len(ids):
         dt = time.perf_counter() - t0
         stats["prefill_s"] = dt
@@ -259,6 +302,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     out_tokens: list[int] = []
     parts: list[str] = []
     n_sampled = 0
+    step = 0
     t_first = None
     new = [] if crit.done else [sampler.sample(logits, history)]
     while new:
@@ -291,14 +335,32 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
         if crit.done:
             break
         tok = new[-1]
-        if drafter is None:
-            new = [sampler.sample(sess.eval([tok]), history)]
-        else:
-            # drafts that fit the context and the tokens still wanted; the window evaluates tok too
-            k = n_ctx - sess.n_past - 1
-            if crit.max_tokens is not None:
-                k = min(k, crit.max_tokens - crit.n_tokens - 1)
-            new = drafter.round(tok, history, k)
+        step += 1
+        try:
+            if drafter is None:
+                trace.label(f"decode step {step}")
+                with trace.span("decode step", "decode", step=step):
+                    new = [sampler.sample(sess.eval([tok]), history)]
+            else:
+                # drafts that fit the context and the tokens still wanted; the window evaluates tok too
+                k = n_ctx - sess.n_past - 1
+                if crit.max_tokens is not None:
+                    k = min(k, crit.max_tokens - crit.n_tokens - 1)
+                trace.label(f"decode window {step} (MTP, up to {k} drafts)")
+                with trace.span("decode window", "decode", step=step, drafts=k):
+                    new = drafter.round(tok, history, k)
+        except StrataError as e:
+            e = trace.as_watchdog(e)
+            if not isinstance(e, trace.WatchdogError):
+                raise
+            error = str(e)              # keep what was generated; the session starts over next time
+            emit = crit.text.push(dec.flush())
+            emit += crit.finish("error")    # the text held back for a possible stop string is output too
+            if emit:
+                parts.append(emit)
+                yield emit
+            break
+        trace.sample(model, sess, generated=n_sampled)
         if ctl is not None:
             win = _observe(model, ctl, win)     # this window's counters start where the last one's end
 
@@ -316,6 +378,8 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
         ple1 = sess.stats()
         stats.update({k: ple1[k] - ple0[k] for k in _PLE_KEYS})
     stats = {k: stats[k] for k in STATS_KEYS if k in stats}
+    if error is not None:
+        return Completion("".join(parts), out_tokens, "error", stats, error)
     return Completion("".join(parts), out_tokens, crit.finish_reason, stats)
 
 
@@ -334,7 +398,7 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
              seed: int | None = None, stop: str | Sequence[str] | None = None,
              logit_bias: dict[int, float] | None = None, stream: bool = False, session=None,
              add_special: bool = True, mtp: int | None = None, checkpoint_at=(),
-             draft_hook=None) -> Completion | CompletionStream:
+             draft_hook=None, watchdog_s: float | None = None) -> Completion | CompletionStream:
     """Continue `prompt` (text, or token ids) on `model`. Sampling arguments and defaults are
     llama.cpp's (sampling.py documents each); max_tokens None or < 0: until an end-of-generation
     token or a full context. `session`: a model.session() whose state to continue from (prefix
@@ -342,7 +406,9 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
     stream=False returns a Completion; stream=True a CompletionStream of text pieces. mtp: drafts per
     verify window (None: the model's `mtp`; 0: off; pyrunner.mtp); checkpoint_at: prompt positions
     to keep a prefix-reuse checkpoint at (e.g. where the next request's prompt will differ);
-    draft_hook: pyrunner.mtp's test hook."""
+    draft_hook: pyrunner.mtp's test hook; watchdog_s: abort the request after this many seconds without
+    progress (None: STRATA_WATCHDOG_S, else 600; <= 0: off), returning the partial output with
+    finish_reason "error" (module docstring)."""
     t_start = time.perf_counter()
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                      presence_penalty, frequency_penalty, seed, stop, logit_bias)
@@ -352,7 +418,8 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
     k = getattr(model, "mtp", 0) if mtp is None else int(mtp)
     if k < 0:
         raise ValueError(f"mtp must be >= 0 (got {k})")
-    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start, k, checkpoint_at, draft_hook)
+    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start, k, checkpoint_at, draft_hook,
+                trace.watchdog_seconds(watchdog_s))
     if stream:
         return CompletionStream(gen)
     try:

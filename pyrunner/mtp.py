@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import trace
 from .sampling import Sampler, draw, greedy
 
 DraftHook = Callable[[int, int], int]
@@ -70,6 +71,7 @@ class MTPDecoder:
         t = time.perf_counter()
         self.draft_logits, self.chain = self.sess.mtp(rows, next_ids, p0)
         self.extend_s += time.perf_counter() - t
+        trace.since("mtp extend", "mtp", t, rows=len(rows))
 
     # ------------------------------------------------------------------ one round
     def _draft(self, logits: np.ndarray, history: list[int], pos: int) -> tuple[int, np.ndarray | None]:
@@ -112,11 +114,13 @@ class MTPDecoder:
                 if i + 1 < k:
                     logits, g = sess.mtp(g[None, :], [d], p + i)
         self.draft_s += time.perf_counter() - t0
+        trace.since("mtp draft", "mtp", t0, drafts=len(drafts))
         # verify
         t0 = time.perf_counter()
         window = [x] + drafts
         L, H = sess.eval(window, all_logits=True, hidden=True, keep_states=True)
         self.verify_s += time.perf_counter() - t0
+        trace.since("mtp verify", "mtp", t0, tokens=len(window))
         # accept
         new: list[int] = []
         h = list(history)
@@ -146,6 +150,7 @@ class MTPDecoder:
             t0 = time.perf_counter()
             sess.rollback(p + 1 + a, logits=L[a], hidden=H[a])
             self.rollback_s += time.perf_counter() - t0
+            trace.since("mtp rollback", "mtp", t0, rejected=len(drafts) - a)
         self._last = (p, L, H)
         # the next round's first draft: the MTP over the verified rows, each with its next token
         self._extend(H[:a + 1], new, p)

@@ -541,6 +541,51 @@ int32_t strata_sample_greedy(const float *logits, int64_t n_vocab);
  * when 0, *reason (may be NULL) gets a static one-line explanation. Never fails. */
 int32_t strata_cuda_device_count(const char **reason);
 
+/* ---------------------------------------------------------------- watchdog and trace (issue 9) */
+/* Request watchdog. Per thread: the settings apply to evaluations run afterwards on the calling
+ * thread. An eval that makes no progress (no layer finished, no wait ended) for `seconds` fails
+ * with STRATA_ERR_IO and a message "watchdog: no progress for S s in <stage>: <what it waited
+ * for>"; it gives up inside the waits that can block (the PLE gather handshake, the device's
+ * copies and computations: queued device work is cancelled first, so no buffer is read after the
+ * call returns) and between layers. The session's state is then undefined: reset it or restore a
+ * checkpoint; the model stays usable. seconds <= 0: off (the default). */
+strata_status strata_watchdog_set(double seconds);
+/* The caller's name for the stage of the evals that follow, used in the watchdog's message
+ * ("prefill chunk 3", "decode step 12"); NULL or "" clears it. Copied (up to 127 bytes). */
+void strata_watchdog_label(const char *label);
+/* 1 when the last eval on this thread was aborted by the watchdog, else 0. */
+int32_t strata_watchdog_fired(void);
+/* The calling thread's current (or, after an eval, last) stage in words: label, forward step,
+ * layer and wait. Writes at most size bytes (NUL-terminated); returns the length. */
+int32_t strata_watchdog_stage(char *buf, uint64_t size);
+
+/* Timeline recorder (Chrome trace / Perfetto, written by pyrunner.trace). Off by default; a
+ * disabled recorder costs one predictable branch per hook. Enabling clears the buffer; up to
+ * max_events records are kept (0: 4M), later ones are dropped and counted. Process-wide. */
+typedef struct strata_trace_event {
+    uint64_t t0_ns, t1_ns;   /* CLOCK_MONOTONIC (Python: time.monotonic_ns); t1 == t0: an instant */
+    int32_t kind;            /* strata_trace_kind_name(kind) */
+    int32_t tid;             /* thread index: strata_trace_thread_name(tid) */
+    int32_t a, b;            /* arguments; their meaning per kind: native/src/util/trace.h */
+    int64_t c, d;
+} strata_trace_event;
+strata_status strata_trace_enable(int32_t on, uint64_t max_events);
+int32_t strata_trace_enabled(void);
+/* Moves up to cap of the oldest records to out (NULL: none) and returns how many it moved;
+ * strata_trace_pending() says how many are waiting. */
+int64_t strata_trace_drain(strata_trace_event *out, int64_t cap);
+int64_t strata_trace_pending(void);
+uint64_t strata_trace_dropped(void);
+uint64_t strata_trace_now_ns(void);
+/* Static name of a kind ("layer", "moe", "dev_copy", …), "?" for an unknown one. */
+const char *strata_trace_kind_name(int32_t kind);
+/* Name of a thread index ("model", "pool 1", "sim copy", "PLE worker"); returns its length, -1
+ * for an unknown index. */
+int32_t strata_trace_thread_name(int32_t tid, char *buf, uint64_t size);
+/* Experts resident on the device per layer: per_layer[il] for il < n (READY slots). 0s on a
+ * model without an expert cache. */
+strata_status strata_model_resident_experts(strata_model *m, int32_t *per_layer, int32_t n);
+
 /* STRATA_CDEF_END */
 
 #if defined(__GNUC__)

@@ -18,6 +18,7 @@
 #include "context.h"
 #include "moe/offload.h"
 #include "util/error.h"
+#include "util/trace.h"
 
 uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
 
@@ -166,17 +167,50 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
         m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, xt, E);
         for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
     }
+    /* trace: one span per layer and per part (the hooks cost a branch when the recorder is off);
+     * watchdog: a beat per finished part, an abort check between layers (trace.h) */
+    wd_state *wd = wd_self();
+    const int tr = trc_on();
+    uint64_t t_step = tr ? trc_now() : 0, t_l = 0, t_p = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const mdl_layer *l = &m->layers[il];
-        if (l->has_ple && (rc = mdl_ple(s, il, ids, L))) return rc;
+        if (wd_expired()) return wd_fail("between layers (the last part took longer than the limit)");
+        wd->layer = il;
+        if (tr) t_l = trc_now();
+        if (l->has_ple) {
+            wd->part = "PLE";
+            if (tr) t_p = trc_now();
+            if ((rc = mdl_ple(s, il, ids, L))) return rc;
+            if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, L, 0);
+            wd_beat();
+        }
+        wd->part = "mixer";
+        if (tr) t_p = trc_now();
         if ((rc = mdl_hc_read(s, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, s->u, s->c))) return rc;
         rc = l->is_qsa ? mdl_qsa(s, il, s->u, L, s->y) : mdl_gdn(s, il, s->u, L, s->y);
         if (rc) return rc;
         mdl_hc_write(m, s->X, s->c, s->y, L);
+        if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, L, 0);
+        wd_beat();
+        wd->part = "MoE";
+        if (tr) t_p = trc_now();
+        uint64_t h0 = 0, n0 = 0;
+        if (tr) off_counts(m, &h0, &n0);
         if ((rc = mdl_hc_read(s, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, s->u, s->c))) return rc;
         if ((rc = mdl_moe(s, il, s->u, L, s->y))) return rc;
         mdl_hc_write(m, s->X, s->c, s->y, L);
+        if (tr) {
+            const uint64_t t = trc_now();
+            uint64_t h1 = 0, n1 = 0;
+            off_counts(m, &h1, &n1);
+            const int32_t ne = trc_take_experts();
+            trc_emit(TRC_MOE, t_p, t, il, ne >= 0 ? ne : (int32_t)(n1 - n0), L, (int64_t)(h1 - h0));
+            trc_emit(TRC_LAYER, t_l, t, il, 0, L, 0);
+        }
+        wd_beat();
+        wd->part = NULL;
     }
+    if (tr) trc_emit(TRC_STEP, t_step, trc_now(), (int32_t)L, (int32_t)wd->step, s->n_past, 0);
     s->n_past += L;
     if (hidden) memcpy(hidden, s->X, (size_t)(L * W) * sizeof(float));
     if (!out || row0 >= L) return STRATA_OK;
@@ -227,8 +261,13 @@ strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int6
     s->spec_start = keep ? s->n_past : -1;
     s->spec_n = n_ids;
     s->spec_on = keep;
+    wd_eval_begin(n_ids, s->cap);
     for (int64_t i0 = 0; i0 < n_ids; i0 += s->cap) {
         const int64_t L = n_ids - i0 < s->cap ? n_ids - i0 : s->cap;
+        wd_state *wd = wd_self();
+        wd->step = i0 / s->cap + 1;
+        wd->tokens = L;
+        wd->layer = -1;
         const int last = i0 + L == n_ids;
         float *out = NULL;
         int64_t row0 = L;
@@ -238,9 +277,10 @@ strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int6
         memcpy(s->tokens + s->n_past, ids + i0, (size_t)L * sizeof(int32_t));
         s->n_valid = s->n_past;
         strata_status rc = forward(s, ids + i0, L, row0, out, hidden ? hidden + i0 * W : NULL);
-        if (rc) { s->spec_on = 0; s->spec_start = -1; return rc; }
+        if (rc) { s->spec_on = 0; s->spec_start = -1; wd_eval_end(); return rc; }
         s->n_valid = s->n_past;
     }
+    wd_eval_end();
     s->spec_on = 0;
     return STRATA_OK;
 }

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "moe/offload.h"
+#include "util/trace.h"
 #include "util/error.h"
 
 static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t n, float *y) {
@@ -132,6 +133,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
      * of all. Expert e's tokens sit at rows base[e].. of xg / gu / hb / out. */
     int64_t n_act = 0;
     for (int64_t e = 0; e < Ne; e++) n_act += count[e + 1] > count[e];
+    if (trc_on()) trc_note_experts((int32_t)n_act);   /* the layer's MoE span reports it (model.c) */
     mm = malloc((size_t)(2 * n_act + 2) * sizeof *mm);
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
     for (int64_t i = 0; i < L * K; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));

@@ -73,8 +73,15 @@ strata_status mdev_copy(mdev *d, int32_t slot, const void *const src[3], const s
 strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t after_copy, uint64_t *seq);
 uint64_t mdev_copies_done(mdev *d);
 uint64_t mdev_computes_done(mdev *d);
-void mdev_wait_copy(mdev *d, uint64_t seq);
-void mdev_wait_compute(mdev *d, uint64_t seq);
+/* Block until the number completed; return 0, or 1 when the calling thread's request watchdog
+ * (util/trace.h) expired first (the operation is still queued: mdev_cancel before freeing what it
+ * reads or writes). */
+int mdev_wait_copy(mdev *d, uint64_t seq);
+int mdev_wait_compute(mdev *d, uint64_t seq);
+/* Drops every queued operation unrun (their numbers complete; slots and outputs are not written),
+ * cuts a copy's link pacing short, and returns once neither engine runs anything. Returns the last
+ * copy number whose bytes really landed (copies complete in order). For the watchdog's abort. */
+uint64_t mdev_cancel(mdev *d);
 /* Timed host -> device copy of `bytes`, best of reps, in GB/s (the link probe). */
 double mdev_probe(mdev *d, size_t bytes, int reps);
 /* Totals since creation: bytes copied, seconds the copy engine was busy, seconds computing. */

@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "util/error.h"
+#include "util/trace.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -88,6 +89,9 @@ struct mdev {
     double copy_s, compute_s;
     double vclock;             /* copy thread: when the link is free again */
     int log_on;
+    _Atomic int cancel;        /* mdev_cancel: drop queued operations, cut the copy's pacing short */
+    int busy[2];               /* an engine is running an operation (under mu) */
+    uint64_t first_dropped;    /* copy engine: the first copy number dropped by a cancel (0: none) */
     mdev_event *log;
     int64_t n_log, cap_log;
 };
@@ -132,8 +136,11 @@ static void run_copy(mdev *d, sim_op *op) {
     if (d->p.link_gbps > 0) {
         if (d->vclock < t0) d->vclock = t0;
         d->vclock += (double)total / (d->p.link_gbps * 1e9);
-        const double ahead = d->vclock - now_s();
-        if (ahead > 50e-6) sleep_s(ahead);
+        /* in slices, so that a cancel (the watchdog) does not wait for a slow link */
+        for (double ahead = d->vclock - now_s(); ahead > 50e-6; ahead = d->vclock - now_s()) {
+            if (atomic_load_explicit(&d->cancel, memory_order_relaxed)) { d->vclock = now_s(); break; }
+            sleep_s(ahead < 0.02 ? ahead : 0.02);
+        }
     }
     pthread_mutex_lock(&d->mu);
     d->copy_bytes += total;
@@ -160,21 +167,42 @@ static void *engine_main(void *arg) {
     const int which = ((eng_arg *)arg)->which;
     free(arg);
     engine *e = &d->eng[which], *other = &d->eng[1 - which];
+    trc_thread_name(which ? "sim compute" : "sim copy");
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->stop && (!e->count ||
-                            atomic_load_explicit(&other->done, memory_order_acquire) < e->q[e->head].after))
+        while (!d->stop && (!e->count || (!atomic_load_explicit(&d->cancel, memory_order_relaxed) &&
+                            atomic_load_explicit(&other->done, memory_order_acquire) < e->q[e->head].after)))
             pthread_cond_wait(&d->cv, &d->mu);
         if (d->stop && !e->count) break;
         if (d->stop && atomic_load_explicit(&other->done, memory_order_acquire) < e->q[e->head].after) break;
         sim_op op = e->q[e->head];
         const uint64_t seq = atomic_load_explicit(&e->done, memory_order_relaxed) + 1;
+        if (atomic_load_explicit(&d->cancel, memory_order_relaxed)) {
+            /* cancelled: dropped unrun (mdev_cancel); the number still completes, nothing is written */
+            if (which == 0 && !d->first_dropped) d->first_dropped = seq;
+            free(op.g);
+            e->head = (e->head + 1) % e->cap;
+            e->count--;
+            atomic_store_explicit(&e->done, seq, memory_order_release);
+            pthread_cond_broadcast(&d->cv);
+            continue;
+        }
+        d->busy[which] = 1;
         pthread_mutex_unlock(&d->mu);
         const double t0 = now_s();
+        const uint64_t tt0 = trc_on() ? trc_now() : 0;
         if (which == 0) run_copy(d, &op);
         else run_compute(d, &op);
         const double t1 = now_s();
+        if (trc_on()) {
+            if (which == 0)
+                trc_emit(TRC_DEV_COPY, tt0, trc_now(), op.slot, 0, (int64_t)(op.bytes[0] + op.bytes[1] + op.bytes[2]),
+                         (int64_t)seq);
+            else
+                trc_emit(TRC_DEV_COMPUTE, tt0, trc_now(), op.ng ? op.g[0].slot : -1, op.ng, 0, (int64_t)seq);
+        }
         pthread_mutex_lock(&d->mu);
+        d->busy[which] = 0;
         log_event(d, which, &op, seq, t0, t1);
         free(op.g);
         e->head = (e->head + 1) % e->cap;
@@ -302,16 +330,39 @@ strata_status mdev_compute(mdev *d, const mdev_group *groups, int n, uint64_t af
 uint64_t mdev_copies_done(mdev *d) { return atomic_load_explicit(&d->eng[0].done, memory_order_acquire); }
 uint64_t mdev_computes_done(mdev *d) { return atomic_load_explicit(&d->eng[1].done, memory_order_acquire); }
 
-static void wait_engine(mdev *d, int which, uint64_t seq) {
+/* Waits in slices of 20 ms, checking the calling thread's watchdog (util/trace.h) between them. */
+static int wait_engine(mdev *d, int which, uint64_t seq) {
     for (int i = 0; i < 2000; i++)
-        if (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) >= seq) return;
+        if (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) >= seq) return 0;
+    int gave_up = 0;
     pthread_mutex_lock(&d->mu);
-    while (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) < seq) pthread_cond_wait(&d->cv, &d->mu);
+    while (atomic_load_explicit(&d->eng[which].done, memory_order_acquire) < seq) {
+        if (wd_expired()) { gave_up = 1; break; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+    }
     pthread_mutex_unlock(&d->mu);
+    return gave_up;
 }
 
-void mdev_wait_copy(mdev *d, uint64_t seq) { wait_engine(d, 0, seq); }
-void mdev_wait_compute(mdev *d, uint64_t seq) { wait_engine(d, 1, seq); }
+int mdev_wait_copy(mdev *d, uint64_t seq) { return wait_engine(d, 0, seq); }
+int mdev_wait_compute(mdev *d, uint64_t seq) { return wait_engine(d, 1, seq); }
+
+uint64_t mdev_cancel(mdev *d) {
+    pthread_mutex_lock(&d->mu);
+    d->first_dropped = 0;
+    atomic_store_explicit(&d->cancel, 1, memory_order_relaxed);
+    pthread_cond_broadcast(&d->cv);
+    while (d->eng[0].count || d->eng[1].count || d->busy[0] || d->busy[1]) pthread_cond_wait(&d->cv, &d->mu);
+    atomic_store_explicit(&d->cancel, 0, memory_order_relaxed);
+    const uint64_t done = atomic_load_explicit(&d->eng[0].done, memory_order_acquire);
+    const uint64_t real = d->first_dropped ? d->first_dropped - 1 : done;
+    pthread_mutex_unlock(&d->mu);
+    return real;
+}
 
 double mdev_probe(mdev *d, size_t bytes, int reps) {
     /* copies of one slot, repeated to at least `bytes` per pass */

@@ -28,6 +28,7 @@
 
 #include "model/model.h"
 #include "util/error.h"
+#include "util/trace.h"
 
 static char g_no_offload_log[] = "device cpu: every expert on the CPU pool";
 
@@ -307,6 +308,10 @@ void off_begin(strata_model *m, int il, int64_t L, int64_t Ne, const int64_t *co
             kind[e] = OFF_ADMIT;
             slot[e] = s;
             o->admits++;
+            if (trc_on()) {
+                const uint64_t t = trc_now();
+                trc_emit(TRC_CACHE_ADMIT, t, t, il, (int32_t)e, 0, s);
+            }
             continue;
         }
         /* decode: spread the pcie_frac share evenly, group i goes when floor((i+1)f) > floor(i f) */
@@ -369,7 +374,30 @@ done:
 strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, uint64_t cpu_groups, uint64_t cpu_bytes) {
     mdl_offload *o = m->off;
     strata_status rc = STRATA_OK;
-    if (o->dev && seq) mdev_wait_compute(o->dev, seq);
+    if (o->dev && seq) {
+        const uint64_t t0 = trc_on() ? trc_now() : 0;
+        wd_wait_begin("waiting for the device's copies and computations (merge)");
+        const int gave_up = mdev_wait_compute(o->dev, seq);
+        if (trc_on()) trc_emit(TRC_MERGE_WAIT, t0, trc_now(), il, 0, 0, (int64_t)seq);
+        if (gave_up) {
+            /* the watchdog: drop the queued work (it reads this layer's buffers), publish the loads
+             * that landed, forget those that did not, and give back what a finished layer would */
+            const uint64_t landed = mdev_cancel(o->dev);
+            for (int32_t i = 0; i < o->n_pending; i++) {
+                if (o->pending[i].seq <= landed) ec_loaded(o->ec, o->pending[i].slot);
+                else ec_abort(o->ec, o->pending[i].slot);
+            }
+            o->n_pending = 0;
+            for (int32_t i = 0; i < o->n_pinned; i++) ec_unpin(o->ec, o->pinned[i]);
+            o->n_pinned = 0;
+            for (int32_t i = 0; i < o->n_borrowed; i++) ec_return(o->ec, o->borrowed[i]);
+            o->n_borrowed = 0;
+            pthread_mutex_unlock(&o->mu);
+            return wd_fail("waiting for the device's copies and computations (merge); the queued device work "
+                           "was cancelled (is the link too slow? see --sim-link-gbps, --pcie-frac)");
+        }
+        wd_wait_end();
+    }
     for (int32_t i = 0; i < o->n_pinned; i++) ec_unpin(o->ec, o->pinned[i]);
     o->n_pinned = 0;
     for (int32_t i = 0; i < o->n_borrowed; i++) ec_return(o->ec, o->borrowed[i]);
@@ -380,6 +408,11 @@ strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, ui
     if (o->ec && il == m->hp.n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
         ec_swap sw[128];
         const int n = ec_plan_round(o->ec, sw, 128);
+        if (trc_on()) {
+            const uint64_t t = trc_now();
+            for (int i = 0; i < n; i++)
+                trc_emit(TRC_CACHE_SWAP, t, t, sw[i].layer, sw[i].in_expert, sw[i].out_expert, sw[i].slot);
+        }
         for (int i = 0; i < n; i++) {
             const void *src[3];
             size_t bytes[3];
@@ -403,6 +436,32 @@ strata_status off_finish(strata_model *m, int il, uint64_t seq, double cpu_s, ui
 }
 
 uint64_t off_blob_bytes(const strata_model *m, int il) { return blob_bytes(&m->off->shape[il]); }
+
+void off_counts(const strata_model *m, uint64_t *hits, uint64_t *lookups) {
+    *hits = *lookups = 0;
+    mdl_offload *o = m->off;
+    if (!o) return;
+    pthread_mutex_lock(&o->mu);
+    *hits = o->hits;
+    *lookups = o->lookups;
+    pthread_mutex_unlock(&o->mu);
+}
+
+strata_status strata_model_resident_experts(strata_model *m, int32_t *per_layer, int32_t n) {
+    if (!m || (!per_layer && n > 0) || n < 0)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_resident_experts: null model or buffer");
+    memset(per_layer, 0, (size_t)n * sizeof *per_layer);
+    mdl_offload *o = m->off;
+    if (!o || !o->ec) return STRATA_OK;
+    pthread_mutex_lock(&o->mu);
+    const int32_t ns = ec_n_slots(o->ec);
+    for (int32_t sl = 0; sl < ns; sl++) {
+        int32_t layer, expert;
+        if (ec_slot_info(o->ec, sl, &layer, &expert, NULL) == EC_READY && layer >= 0 && layer < n) per_layer[layer]++;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return STRATA_OK;
+}
 
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out) {
     if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_offload_stats: null argument");

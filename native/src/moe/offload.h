@@ -75,5 +75,7 @@ strata_status off_submit(struct strata_model *m, int il, int64_t Ne, const int64
 strata_status off_finish(struct strata_model *m, int il, uint64_t seq, double cpu_s, uint64_t cpu_groups,
                          uint64_t cpu_bytes);
 uint64_t off_blob_bytes(const struct strata_model *m, int il);
+/* The cache's hit and lookup counters (0s without an engine), under the lock (for traces). */
+void off_counts(const struct strata_model *m, uint64_t *hits, uint64_t *lookups);
 
 #endif

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/trace.h"
 
 double ple_now(void) {
     struct timespec ts;
@@ -433,6 +434,8 @@ static void do_step(ple_worker *w) {
     uint64_t maj0, min0, maj1, min1;
     thread_faults(&maj0, &min0);
     const double t0 = ple_now();
+    const int tr = trc_on();
+    const uint64_t tt0 = tr ? trc_now() : 0;
     ple_hash_rows(w->hash, w->hist, w->n_tok, w->rows);
     for (int64_t i = 0; i < n; i++)
         if (w->rows[i] >= (uint64_t)w->table->n_rows) {    /* load checked the heads; this is a bug guard */
@@ -450,6 +453,12 @@ static void do_step(ple_worker *w) {
     thread_faults(&maj1, &min1);
     r->rows = (uint64_t)n;
     r->read_bytes = thread_read_bytes() - rb0;
+    if (tr) {
+        const uint64_t tt1 = tt0 + (uint64_t)((t1 - t0) * 1e9), tt2 = tt0 + (uint64_t)((t2 - t0) * 1e9);
+        trc_emit(TRC_PLE_HASH, tt0, tt1, 0, 0, n, 0);
+        if (w->prefetch) trc_emit(TRC_PLE_PREFETCH, tt1, tt2, 0, 0, (int64_t)r->prefetch_pages, 0);
+        trc_emit(TRC_PLE_GATHER, tt2, trc_now(), 0, 0, n, (int64_t)r->read_bytes);
+    }
     r->major_faults = maj1 - maj0;
     r->minor_faults = min1 - min0;
     r->hash_s = t1 - t0;
@@ -459,6 +468,7 @@ static void do_step(ple_worker *w) {
 
 static void *worker_main(void *arg) {
     ple_worker *w = arg;
+    trc_thread_name("PLE worker");
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->stop && atomic_load_explicit(&w->req_seq, memory_order_acquire) == atomic_load(&w->done_seq))
@@ -468,7 +478,11 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
         do_step(w);
         const unsigned stall = atomic_load(&w->stall_ms);
-        if (stall) usleep(stall * 1000u);
+        if (stall && (!w->stall_at || w->stall_at == seq)) {
+            const uint64_t ts0 = trc_on() ? trc_now() : 0;
+            usleep(stall * 1000u);
+            if (trc_on()) trc_emit(TRC_PLE_STALL, ts0, trc_now(), 0, 0, (int64_t)seq, 0);
+        }
         atomic_store_explicit(&w->done_seq, seq, memory_order_release);   /* rows are in place */
         pthread_mutex_lock(&w->mu);
         pthread_cond_broadcast(&w->cv);                                   /* wake a model thread waiting in step 1 */
@@ -502,6 +516,8 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     w->timeout_s = e && atof(e) > 0 ? atof(e) : 300.0;
     e = getenv("STRATA_PLE_TEST_STALL_MS");
     w->stall_ms = e ? (unsigned)strtoul(e, NULL, 10) : 0;
+    e = getenv("STRATA_PLE_TEST_STALL_AT");
+    w->stall_at = e ? strtoull(e, NULL, 10) : 0;
     w->prefetch = t->prefetch;
     if (!grow(w, cap < 16 ? cap : 16)) {
         free(w->hist); free(w->rows); free(w->buf);
@@ -532,13 +548,15 @@ void ple_worker_stop(ple_worker *w) {
     w->started = 0;
 }
 
-/* Polls done_seq >= seq: ~20 µs of spinning, then 50 µs sleeps, until `deadline`. */
+/* Polls done_seq >= seq: ~20 µs of spinning, then 50 µs sleeps, until `deadline` (0) or the
+ * calling thread's request watchdog expires (2, util/trace.h). 1: done. */
 static int poll_done(ple_worker *w, uint64_t seq, double deadline) {
     for (int i = 0; i < 2000; i++)
         if (atomic_load_explicit(&w->done_seq, memory_order_acquire) >= seq) return 1;
     const struct timespec nap = {0, 50000};
-    while (atomic_load_explicit(&w->done_seq, memory_order_acquire) < seq) {
+    for (unsigned i = 0; atomic_load_explicit(&w->done_seq, memory_order_acquire) < seq; i++) {
         if (ple_now() > deadline) return 0;
+        if ((i & 63) == 0 && wd_expired()) return 2;
         nanosleep(&nap, NULL);
     }
     return 1;
@@ -550,6 +568,10 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     const double deadline = ple_now() + w->timeout_s;
     pthread_mutex_lock(&w->mu);
     while (w->owner && w->owner != owner) {
+        if (wd_expired()) {
+            pthread_mutex_unlock(&w->mu);
+            return wd_fail("waiting for the PLE gather channel (held by another session)");
+        }
         const double left = deadline - ple_now();
         if (left <= 0) {
             pthread_mutex_unlock(&w->mu);
@@ -566,7 +588,12 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     w->owner = owner;
     const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
     pthread_mutex_unlock(&w->mu);
-    if (atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev && !poll_done(w, prev, deadline)) {
+    const int caught_up = atomic_load_explicit(&w->done_seq, memory_order_acquire) >= prev ? 1 : poll_done(w, prev, deadline);
+    if (caught_up == 2) {
+        ple_release(w, owner);
+        return wd_fail("waiting for the PLE gather worker to finish an earlier step that was abandoned");
+    }
+    if (!caught_up) {
         ple_release(w, owner);
         return strata_fail(STRATA_ERR_IO, "PLE: the gather worker is still busy with step %llu, which timed out; "
                            "waited another %.0f s (STRATA_PLE_STEP_TIMEOUT). The table's storage may be stalled",
@@ -590,8 +617,13 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
 
 strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s) {
     const double t0 = ple_now();
+    const uint64_t tt0 = trc_on() ? trc_now() : 0;
+    wd_wait_begin("waiting for the PLE gather worker");
     const int ok = poll_done(w, seq, t0 + w->timeout_s);
+    wd_wait_end();
     *wait_s = ple_now() - t0;
+    if (trc_on()) trc_emit(TRC_PLE_WAIT, tt0, trc_now(), 0, 0, (int64_t)seq, 0);
+    if (ok == 2) return wd_fail("waiting for the PLE gather worker (n-gram rows from the table; is its storage stalled?)");
     if (!ok)
         return strata_fail(STRATA_ERR_IO, "PLE: the gather of step %llu did not finish within %.1f s "
                            "(STRATA_PLE_STEP_TIMEOUT); the table file %s may be on stalled storage. "

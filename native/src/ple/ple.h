@@ -45,7 +45,8 @@
  *   4. M (ple_wait) polls done_seq >= seq: a short spin, then 50 µs sleeps; after `timeout_s`
  *      (STRATA_PLE_STEP_TIMEOUT, default 300 s) it fails with STRATA_ERR_IO instead of hanging.
  *      After a timeout M does not read buf; it releases the channel, and the next step 1 (of any
- *      session) waits for the worker to catch up before writing the request.
+ *      session) waits for the worker to catch up before writing the request. The request
+ *      watchdog (util/trace.h) ends the wait the same way, earlier.
  *   5. M reads buf (dequantizes the rows: the cpu device does it on the model thread) and
  *      releases the channel (ple_release: owner = NULL, broadcast).
  * The worker never touches a session: sessions see only what M copies out of `result`.
@@ -145,6 +146,7 @@ typedef struct {
     int64_t n_heads;
     double timeout_s;            /* STRATA_PLE_STEP_TIMEOUT */
     _Atomic unsigned stall_ms;   /* STRATA_PLE_TEST_STALL_MS: test hook, the worker sleeps before publishing */
+    uint64_t stall_at;           /* STRATA_PLE_TEST_STALL_AT: only step (seq) N stalls (0: every step) */
 } ple_worker;
 
 strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap);

@@ -1,9 +1,11 @@
 /* threadpool.c — see threadpool.h for the protocol. */
 #include "threadpool.h"
+#include "trace.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -49,6 +51,12 @@ static void drain(strata_pool *p, int thread) {
     for (;;) {
         const int64_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
         if (t >= p->n_tasks) break;
+        if (trc_on()) {   /* one span per task on its thread (util/trace.h) */
+            const uint64_t t0 = trc_now();
+            p->fn(p->arg, t, thread);
+            trc_emit(TRC_POOL_TASK, t0, trc_now(), (int32_t)t, thread, p->n_tasks, 0);
+            continue;
+        }
         p->fn(p->arg, t, thread);
     }
     atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
@@ -86,6 +94,9 @@ static void *worker_main(void *varg) {
     strata_pool *p = wa->pool;
     const int index = wa->index;
     free(wa);
+    char name[32];
+    snprintf(name, sizeof name, "pool %d", index);
+    trc_thread_name(name);
     uint64_t seen = 0;
     for (;;) {
         const uint64_t g = wait_job(p, seen);

@@ -233,7 +233,9 @@ def _bench_traced(path: str, res: dict, run) -> dict:
     from .trace import Tracer
 
     with Tracer(path) as tr:
+        tr.request_begin(label="bench model")
         on = run()["strata"]
+        tr.request_end()
         off = res["strata"]
         out = {"prefill_tps": on["prefill_tps"], "decode_tps": on["decode_tps"],
                "prefill_overhead_pct": 100 * (off["prefill_tps"] / on["prefill_tps"] - 1) if on["prefill_tps"] else None,
@@ -459,7 +461,7 @@ def generate(prompt, max_tokens, as_json, **kwargs):
                 click.echo(_stats_line(c.stats, c.finish_reason), err=True)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
-    _trace_note(tracer if kwargs.get("trace_path") else None)
+    _trace_note(tracer)
     if c.error is not None:     # the partial text is out; the error goes to stderr and the exit status
         raise click.ClickException(c.error)
 
@@ -596,7 +598,7 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                 messages.pop()
                 click.echo(f"error: {e}" + ("; /reset starts a new conversation" if "context" in str(e) else ""),
                            err=True)
-    _trace_note(tracer if kwargs.get("trace_path") else None)
+    _trace_note(tracer)
 
 
 @_with_env
@@ -626,7 +628,7 @@ def batch(in_path, out_path, max_tokens, quiet, **kwargs):
             counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd)
     except (BatchError, StrataError) as e:
         raise _fail(e) from None
-    _trace_note(tracer if kwargs.get("trace_path") else None)
+    _trace_note(tracer)
     click.echo(f"batch: {counts['total']} requests in {in_path}: {counts['done']} run, {counts['errors']} with errors, "
                f"{counts['skipped']} already in {out_path}"
                + (f", {counts['duplicates']} duplicate ids ignored" if counts["duplicates"] else ""), err=True)

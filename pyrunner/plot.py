@@ -129,12 +129,14 @@ def render(trace_path: str, out_path: str, bins: int = 200) -> dict:
     moe = [e for e in spans if e.get("cat") == "moe"]
     n_layer = 1 + max((e["args"].get("layer", 0) for e in moe), default=0)
     grid = np.full((n_layer, bins), np.nan)
-    for e in moe:
-        t = e["ts"] / 1e6
-        i = min(bins - 1, max(0, int((t - t_start) / width)))
+    for e in moe:                 # every bin the layer's MoE step covers
+        t0, t1 = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        i0 = min(bins - 1, max(0, int((t0 - t_start) / width)))
+        i1 = min(bins - 1, max(i0, int((t1 - t_start) / width)))
         li = e["args"].get("layer", 0)
         v = e["args"].get("experts", 0)
-        grid[li, i] = v if np.isnan(grid[li, i]) else max(grid[li, i], v)
+        cur = grid[li, i0:i1 + 1]
+        grid[li, i0:i1 + 1] = np.where(np.isnan(cur), v, np.maximum(cur, v))
     im = ax_route.imshow(grid, aspect="auto", origin="lower", interpolation="nearest", cmap="viridis",
                          extent=(t_start, t_end, -0.5, n_layer - 0.5))
     cax = ax_route.inset_axes([1.005, 0.0, 0.01, 1.0])
@@ -172,7 +174,8 @@ def render(trace_path: str, out_path: str, bins: int = 200) -> dict:
     if len(ts_p):
         ax_mem.plot(ts_p, p["resident"] * 4096 / 2**20, label="PLE table in page cache MiB")
     ax_mem.set_ylabel("MiB")
-    ax_mem.legend(loc="upper left", fontsize=8)
+    if ax_mem.get_legend_handles_labels()[0]:
+        ax_mem.legend(loc="upper left", fontsize=8)
 
     # busy
     n_pool = len({e["tid"] for e in spans if e.get("cat") == "pool_task"}) or 1
@@ -182,7 +185,7 @@ def render(trace_path: str, out_path: str, bins: int = 200) -> dict:
     copy = _busy([(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans if e.get("cat") == "dev_copy"], edges)
     waits = _busy([(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in spans
                    if e.get("cat") in ("merge_wait", "ple_wait")], edges)
-    ax_busy.plot(centers, 100 * pool / width / n_pool, label=f"CPU pool busy % ({n_pool} threads)")
+    ax_busy.plot(centers, 100 * pool / width / n_pool, label=f"CPU pool tasks busy % ({n_pool} threads)")
     ax_busy.plot(centers, 100 * comp / width, label="device compute %")
     ax_busy.plot(centers, 100 * copy / width, label="device copies %")
     ax_busy.plot(centers, 100 * waits / width, label="model thread waiting %", linestyle=":")
@@ -203,7 +206,8 @@ def render(trace_path: str, out_path: str, bins: int = 200) -> dict:
         ax_f.set_ylabel("major faults/s")
     ax_io.set_ylabel("MB/s")
     ax_io.set_xlabel("seconds from the trace's start")
-    ax_io.legend(loc="upper left", fontsize=8)
+    if ax_io.get_legend_handles_labels()[0]:
+        ax_io.legend(loc="upper left", fontsize=8)
 
     for ax in axes:
         for q in reqs:

@@ -235,3 +235,30 @@ def test_watchdog_chat_keeps_running_and_stats(tiny, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "error: watchdog" in r.output and "decode step 3" in r.output
     assert "(prompt " in r.output and "conversation:" in r.output and "tok/s" in r.output
+
+
+# ------------------------------------------------------------------------------------ bench, live stats
+
+
+def test_bench_model_trace_reports_the_recorder_cost(tiny, tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(cli, ["bench", "model", "-m", tiny, "--prompt-tokens", "16", "--gen-tokens", "4",
+                                 "--threads", "2", "--trace", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(next(x for x in r.output.splitlines() if x.startswith("{")))
+    t = res["trace"]
+    assert t["events"] > 0 and t["decode_tps"] > 0 and "decode_overhead_pct" in t
+    d = json.loads(out.read_text())
+    assert d["metadata"]["overhead"]["decode_tps_off"] == res["strata"]["decode_tps"]
+    assert sum(1 for e in d["traceEvents"] if e.get("cat") == "step") >= 4
+
+
+def test_live_stats_line():
+    from pyrunner.batch import LiveStats
+
+    live = LiveStats()
+    assert live.line() == "- tok/s"
+    live.add({"generated_tokens": 10, "decode_s": 1.5, "prefill_s": 0.5, "cache_hits": 3, "cache_lookups": 4,
+              "drafts_proposed": 8, "drafts_accepted": 6})
+    live.add({"generated_tokens": 10, "decode_s": 2.0})
+    assert live.line() == "5.0 tok/s, hit rate 75.0 %, draft accepted 6/8"

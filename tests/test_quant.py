@@ -233,7 +233,7 @@ def test_bad_arguments_raise_with_message():
         quant.matmul("Q8_0", bytes(68), 2, 32, np.zeros(31, np.float32))
 
 
-@pytest.mark.parametrize("name", ["IQ4_NL"])
+@pytest.mark.parametrize("name", ["IQ4_NL", "MXFP4", "NVFP4"])
 def test_row_group_kernels_match_scalar(name):
     """Types whose short rows take a kernel working on eight rows at once (matmul.c rows_kernel):
     row counts that leave 1..7 rows in the last group, rows of 1..8 blocks, several column
@@ -242,7 +242,7 @@ def test_row_group_kernels_match_scalar(name):
     rng = np.random.default_rng(seed(name, "rows"))
     for kind in ("random", "ones", "high", "zeros", "raw"):
         for rows in (1, 7, 8, 9, 37):
-            for cols in (32, 96, 160, 256, 320, 480):
+            for cols in [c for c in (32, 64, 96, 160, 256, 320, 480, 1024, 1088) if c % block_info(name)[0] == 0]:
                 data = make_blocks(name, rows * cols, kind, rng)
                 for style in ("normal", "outlier", "sparse"):
                     for n in (1, 3, 16, 19):

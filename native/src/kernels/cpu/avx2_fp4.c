@@ -335,73 +335,124 @@ void strata_avx2_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t x
     f4_vec_dot(F4_NVFP4, n, w, x, xs, nc, y);
 }
 
-/* ---------------------------------------------------------------- several rows at once (IQ4_NL) */
+/* ---------------------------------------------------------------- several rows at once */
 
-/* Rows of IQ4_NL across the lanes: lane r of every vector belongs to weight row r of a group
- * of 8. For block b of the rows, the eight exact integer sums (one per row) come out of one
- * q8_reduce8, and
- *     L[b % 8] = fma(d_w * d_x, sumi, L[b % 8])     (lane r: row r's d_w)
- * is the operation that lane b % 8 of row r's accumulator gets in f4_vec_dot_1/_n, in the same
+/* Rows across the lanes: lane r of every vector belongs to weight row r of a group of 8.
+ * For block b of the rows, the exact integer sums of the eight rows come out of one
+ * reduction (q8_reduce8, or q8_hsum16x8_16 for NVFP4's 16-value sub-blocks), and the float
+ * terms of f4_terms are formed per row in its lane; then
+ *     L[b % 8] = fma(a0, b0, L[b % 8])  (NVFP4: and fma(a1, b1, .) after it)
+ * is the operation lane b % 8 of that row's accumulator gets in f4_vec_dot_1/_n, in the same
  * order (blocks ascending per lane; a row's partial last group adds its blocks to the lanes
- * they belong to). The row's result is strata_hsum8 of its eight lanes, here computed across
- * the eight vectors L[0..7] in the same order, with 0 for the lanes a short row never touches
- * (there the row path keeps 0 too). So every output is bit for bit the row path's.
+ * they belong to). The row's result is strata_hsum8 of its eight lanes, computed here across
+ * the eight vectors L[0..7] in the same order, with 0 in the lanes a short row never touches
+ * (the row path keeps 0 there too). So every output is bit for bit the row path's.
  *
- * What this saves: a short row (the 96-wide expert down rows are 3 blocks) pays the row path's
- * partial-group set-up for every row and column; here the set-up is per group of 8 rows, the
- * activation block is loaded once for 8 rows, and the weights of the group are decoded once
- * for every column. */
-enum { RW_ROWS = 8, RW_MAX_NB = 16 };
+ * What this saves: a short row (96-wide IQ4_NL expert down rows: 3 blocks; 320-wide NVFP4
+ * rows: 5) pays the row path's partial-group set-up for every row and column; here it is paid
+ * per group of 8 rows, each activation block is loaded once for 8 rows, and the weights of a
+ * group are decoded once for all columns. */
+enum { RW_ROWS = 8, RW_MAX_NB = 16, RW_COLS = 16 }; /* RW_MAX_NB: a multiple of 8 */
 
 static inline __m256 rw_hsum_lanes(const __m256 L[8]) {
     return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[0], L[4]), _mm256_add_ps(L[2], L[6])),
                          _mm256_add_ps(_mm256_add_ps(L[1], L[5]), _mm256_add_ps(L[3], L[7])));
 }
 
-/* One column against a decoded group: wu/ws[b * 8 + r] = operands of row r's block b. */
-static inline __m256 rw_column(int nb, const __m256i *wu, const __m256i *ws, const __m256 *dw,
-                               const act_q8_32 *xa) {
-    __m256 L[8];
-    for (int j = 0; j < 8; j++) L[j] = _mm256_setzero_ps();
+/* One column against a decoded chunk of nb blocks: wu/ws[(b * apb + h) * 8 + r] = operands of
+ * entry h of row r's block b; sc[b] the scales of block b, lane r = row r. L: the column's
+ * lane accumulators, carried from chunk to chunk (chunks start at multiples of 8 blocks, so b % 8
+ * is the lane of the row path). */
+static inline void rw_column(f4fmt f, int nb, const __m256i *wu, const __m256i *ws, const f4_scales *sc,
+                             const act_q8_32 *xa, __m256 *L) {
+    const int apb = f == F4_NVFP4 ? 2 : 1;
     for (int b = 0; b < nb; b++) {
-        const __m256i y = _mm256_loadu_si256((const __m256i *)xa[b].qs);
-        __m256i p[8];
-        for (int r = 0; r < RW_ROWS; r++)
-            p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[b * 8 + r], _mm256_sign_epi8(y, ws[b * 8 + r])),
-                                     _mm256_set1_epi16(1));
-        const __m256 a0 = _mm256_mul_ps(dw[b], _mm256_set1_ps(xa[b].d));
-        L[b % 8] = _mm256_fmadd_ps(a0, _mm256_cvtepi32_ps(q8_reduce8(p)), L[b % 8]);
+        __m256i m[2][8];
+        for (int h = 0; h < apb; h++) {
+            const __m256i y = _mm256_loadu_si256((const __m256i *)xa[b * apb + h].qs);
+            const __m256i *u = wu + (b * apb + h) * 8, *v = ws + (b * apb + h) * 8;
+            for (int r = 0; r < RW_ROWS; r++) m[h][r] = _mm256_maddubs_epi16(u[r], _mm256_sign_epi8(y, v[r]));
+        }
+        if (f != F4_NVFP4) {
+            /* exact int32 sums (MXFP4's would fit int16 too: the same integers) */
+            for (int r = 0; r < RW_ROWS; r++) m[0][r] = _mm256_madd_epi16(m[0][r], _mm256_set1_epi16(1));
+            const __m256 a0 = _mm256_mul_ps(sc[b].d[0], _mm256_set1_ps(xa[b].d));
+            L[b % 8] = _mm256_fmadd_ps(a0, _mm256_cvtepi32_ps(q8_reduce8(m[0])), L[b % 8]);
+            continue;
+        }
+        __m256 fi[4];
+        for (int h = 0; h < 2; h++) {
+            const __m256i r = q8_hsum16x8_16(m[h]); /* low 128: sub-block 2h of rows 0..7, high: 2h+1 */
+            fi[2 * h] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(r)));
+            fi[2 * h + 1] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(r, 1)));
+        }
+        const __m256 a0 = _mm256_fmadd_ps(sc[b].d[0], fi[0], _mm256_mul_ps(sc[b].d[1], fi[1]));
+        const __m256 a1 = _mm256_fmadd_ps(sc[b].d[2], fi[2], _mm256_mul_ps(sc[b].d[3], fi[3]));
+        L[b % 8] = _mm256_fmadd_ps(a0, _mm256_set1_ps(xa[2 * b].d), L[b % 8]);
+        L[b % 8] = _mm256_fmadd_ps(a1, _mm256_set1_ps(xa[2 * b + 1].d), L[b % 8]);
     }
-    return rw_hsum_lanes(L);
+}
+
+static inline void rw_rows(f4fmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                           size_t x_stride, int ncols, float *y, int64_t ldy) {
+    const int ts = f4_ts(f), apb = f == F4_NVFP4 ? 2 : 1;
+    const int64_t nb = n / (32 * apb);
+    const __m256i tab = q8_table16(f4_table(f));
+    const __m256i atab = _mm256_abs_epi8(tab);
+    /* a chunk of RW_MAX_NB blocks of 8 rows decoded (16 KiB for NVFP4), and the lane
+     * accumulators of RW_COLS columns (4 KiB) */
+    _Alignas(32) __m256i wu[RW_MAX_NB * 2 * RW_ROWS], ws[RW_MAX_NB * 2 * RW_ROWS];
+    _Alignas(32) __m256 Ls[RW_COLS][8];
+    f4_scales sc[RW_MAX_NB];
+    for (int c0 = 0; c0 < ncols; c0 += RW_COLS) {
+        const int nc = ncols - c0 < RW_COLS ? ncols - c0 : RW_COLS;
+        for (int64_t r0 = 0; r0 < nrows; r0 += RW_ROWS) {
+            const int nr = nrows - r0 < RW_ROWS ? (int)(nrows - r0) : RW_ROWS;
+            const uint8_t *rp[RW_ROWS];
+            for (int r = 0; r < RW_ROWS; r++) rp[r] = r < nr ? (const uint8_t *)w + (size_t)(r0 + r) * w_row : NULL;
+            for (int c = 0; c < nc; c++)
+                for (int j = 0; j < 8; j++) Ls[c][j] = _mm256_setzero_ps();
+            for (int64_t k0 = 0; k0 < nb; k0 += RW_MAX_NB) {
+                const int kn = nb - k0 < RW_MAX_NB ? (int)(nb - k0) : RW_MAX_NB;
+                for (int b = 0; b < kn; b++) {
+                    const uint8_t *bk[RW_ROWS]; /* block k0 + b of each row; missing rows read a zero block */
+                    for (int r = 0; r < RW_ROWS; r++) bk[r] = rp[r] ? rp[r] + (size_t)ts * (size_t)(k0 + b) : q8_zero_block;
+                    for (int r = 0; r < RW_ROWS; r++) {
+                        __m256i u[2], v[2];
+                        f4_operands(f, bk[r], tab, atab, u, v);
+                        for (int h = 0; h < apb; h++) wu[(b * apb + h) * 8 + r] = u[h], ws[(b * apb + h) * 8 + r] = v[h];
+                    }
+                    f4_load_scales(f, 8, NULL, bk, &sc[b]);
+                }
+                for (int c = 0; c < nc; c++) {
+                    const act_q8_32 *xa = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
+                    rw_column(f, kn, wu, ws, sc, xa + k0 * apb, Ls[c]);
+                }
+            }
+            for (int c = 0; c < nc; c++) {
+                const __m256 v = rw_hsum_lanes(Ls[c]);
+                float *yc = y + (int64_t)(c0 + c) * ldy + r0;
+                if (nr == RW_ROWS) {
+                    _mm256_storeu_ps(yc, v);
+                } else {
+                    float t[8];
+                    _mm256_storeu_ps(t, v);
+                    for (int r = 0; r < nr; r++) yc[r] = t[r];
+                }
+            }
+        }
+    }
 }
 
 void strata_avx2_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                              size_t x_stride, int ncols, float *y, int64_t ldy) {
-    const int nb = (int)(n / 32);
-    const __m256i tab = q8_table16(strata_kvalues_iq4nl);
-    const __m256i atab = _mm256_abs_epi8(tab);
-    _Alignas(32) __m256i wu[RW_MAX_NB * RW_ROWS], ws[RW_MAX_NB * RW_ROWS];
-    __m256 dw[RW_MAX_NB];
-    for (int64_t r0 = 0; r0 < nrows; r0 += RW_ROWS) {
-        const int nr = nrows - r0 < RW_ROWS ? (int)(nrows - r0) : RW_ROWS;
-        const uint8_t *rp[RW_ROWS];
-        for (int r = 0; r < RW_ROWS; r++) rp[r] = r < nr ? (const uint8_t *)w + (size_t)(r0 + r) * w_row : NULL;
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *bk[RW_ROWS];
-            for (int r = 0; r < RW_ROWS; r++) bk[r] = rp[r] ? rp[r] + 18 * b : q8_zero_block;
-            for (int r = 0; r < RW_ROWS; r++) f4_operands(F4_IQ4_NL, bk[r], tab, atab, &wu[b * 8 + r], &ws[b * 8 + r]);
-            dw[b] = q8_load_f16x8(NULL, 0, 0, bk);
-        }
-        for (int c = 0; c < ncols; c++) {
-            const __m256 v = rw_column(nb, wu, ws, dw, (const act_q8_32 *)((const char *)x + (size_t)c * x_stride));
-            float *yc = y + (int64_t)c * ldy + r0;
-            if (nr == RW_ROWS) {
-                _mm256_storeu_ps(yc, v);
-            } else {
-                float t[8];
-                _mm256_storeu_ps(t, v);
-                for (int r = 0; r < nr; r++) yc[r] = t[r];
-            }
-        }
-    }
+    rw_rows(F4_IQ4_NL, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_mxfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                            size_t x_stride, int ncols, float *y, int64_t ldy) {
+    rw_rows(F4_MXFP4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_nvfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                            size_t x_stride, int ncols, float *y, int64_t ldy) {
+    rw_rows(F4_NVFP4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

@@ -35,12 +35,16 @@ void strata_avx2_dequant_nvfp4(const void *src, float *dst, int64_t n);
 void strata_avx2_vec_dot_iq4_nl(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
 void strata_avx2_vec_dot_mxfp4(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
 void strata_avx2_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
-/* Rows 0..nrows-1 of IQ4_NL weights (w_row bytes apart, n values each, n / 32 <= 8 blocks)
- * times ncols act_q8_32 columns (x_stride bytes apart): y[c * ldy + r] = what
- * strata_avx2_vec_dot_iq4_nl returns for row r and column c, bit for bit, computed eight rows
- * at a time (avx2_fp4.c). */
+/* Rows 0..nrows-1 of IQ4_NL / MXFP4 / NVFP4 weights (w_row bytes apart, n values each) times
+ * ncols act_q8_32 columns (x_stride bytes apart): y[c * ldy + r] = what the
+ * type's vec_dot returns for row r and column c, bit for bit, computed eight rows at a time
+ * (avx2_fp4.c). */
 void strata_avx2_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                              size_t x_stride, int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_mxfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                            size_t x_stride, int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_nvfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                            size_t x_stride, int ncols, float *y, int64_t ldy);
 #endif
 
 #endif

@@ -99,5 +99,7 @@ def test_fuzz_model(fuzzers, tmp_path):
     for recipe in ("f32", "q8_0"):
         _run([sys.executable, ROOT / "tools" / "make_model.py", "micro", "-o", seeds / f"micro-{recipe}.gguf",
               "--recipe", recipe])
+    _run([sys.executable, ROOT / "tools" / "make_model.py", "micro", "-o", seeds / "micro-mtp.gguf",
+          "--recipe", "q8_0", "--mtp"])
     _fuzz(fuzzers / "fuzz_model", seeds, int(os.environ.get("STRATA_FUZZ_MODEL_SECONDS", "30")), tmp_path,
           max_len=200000)

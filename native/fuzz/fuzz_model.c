@@ -5,7 +5,8 @@
  * qwen4exp model: every hyperparameter and tensor shape check runs on mutated metadata and
  * tensor tables. A model that loads is run: a session of a small context evaluates a few token
  * ids taken from the input (in and out of the vocabulary), with all logits, twice (prefill, then
- * a continuation), then reset and once more. A rejected input must fail with a message; nothing
+ * a continuation), then reset and once more; then a verify window (per-token states, hidden rows), a
+ * rollback into it, the MTP head when the file has one, and a checkpoint restored. A rejected input must fail with a message; nothing
  * may crash, leak or touch memory outside what the model owns (ASan + UBSan).
  * Seeds: tiny models from tests/test_fuzz.py (a micro preset of tools/make_model.py).
  */
@@ -52,6 +53,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             require(strata_session_eval(s, &bad, 1, 0, logits, cap) == STRATA_ERR_INVALID_ARG);
             strata_session_reset(s);
             (void)strata_session_eval(s, ids, 3, 0, logits, cap);
+            /* a verify window with per-token states and hidden rows, a rollback into it, a checkpoint
+             * restored after more tokens, and the MTP head over the window's rows when the file has one */
+            const uint64_t hcap = (uint64_t)4 * (uint64_t)(info.n_hidden > 0 ? info.n_hidden : 1);
+            float *hidden = malloc(hcap * sizeof(float));
+            strata_checkpoint *ck = NULL;
+            if (hidden && strata_session_set_spec_max(s, 4) == STRATA_OK &&
+                strata_session_checkpoint(s, &ck) == STRATA_OK) {
+                const int64_t p0 = strata_session_n_past(s);
+                if (strata_session_eval_ex(s, ids + 3, 4, STRATA_EVAL_ALL_LOGITS | STRATA_EVAL_KEEP_STATES, logits, cap,
+                                           hidden, hcap) == STRATA_OK) {
+                    require(strata_session_rollback(s, p0 + 1 + ids[0] % 4) == STRATA_OK);
+                    require(strata_session_rollback(s, p0) == STRATA_ERR_INVALID_ARG);
+                    if (info.n_mtp > 0)
+                        (void)strata_session_mtp(s, hidden, ids + 4, 4, p0, STRATA_EVAL_ALL_LOGITS, logits, cap, hidden,
+                                                 hcap);
+                }
+                (void)strata_session_eval(s, ids, 2, 0, logits, cap);
+                require(strata_session_restore(s, ck) == STRATA_OK && strata_session_n_past(s) == p0);
+                (void)strata_session_eval(s, ids + 5, 2, 0, logits, cap);
+            }
+            strata_checkpoint_free(ck);
+            free(hidden);
             free(logits);
         }
         strata_session_free(s);

@@ -35,7 +35,7 @@ DraftHook = Callable[[int, int], int]
 class MTPDecoder:
     """Drafts with the MTP head of `sess`'s model and verifies in windows of k + 1 tokens."""
 
-    def __init__(self, sess, sampler: Sampler, k: int, draft_hook: DraftHook | None = None):
+    def __init__(self, sess, sampler: Sampler, k: int = 3, draft_hook: DraftHook | None = None):
         if k < 1:
             raise ValueError(f"mtp: {k} drafts per window; use 1 or more (0 turns MTP off)")
         if getattr(sess.model, "n_mtp", 0) < 1:

@@ -12,7 +12,8 @@ partial output.
 Trace. `Tracer(path)` switches libstrata's recorder on; the C hooks record forward steps (windows),
 layers, mixers, MoE blocks, thread-pool tasks per worker, the sim device's copies and computations
 (args: slot, bytes), the merge and PLE waits, the PLE worker's hash / prefetch / gather, cache
-admits and swaps. Python adds its own spans (requests, prefill, decode steps, MTP draft / verify /
+admits and swaps; each staging slot of the device also gets its own track (its copies and the
+computations reading it, the "copied"/"used" ring of DESIGN §4). Python adds its own spans (requests, prefill, decode steps, MTP draft / verify /
 rollback / extend) with `span(...)`, and counters sampled per decode step (`sample`): cache hits
 and lookups, resident experts per layer, PCIe bytes, pcie_frac, RSS, page-cache-resident PLE table
 pages, process read bytes and major faults, generated tokens. `close()` drains the recorder and
@@ -139,6 +140,7 @@ class Tracer:
     """One trace file. Only one tracer is active at a time (the recorder is process-wide)."""
 
     PY_TID = 10_000          # the track of Python's spans when the model thread is unknown
+    SLOT_TID = 20_000        # + slot: a staging slot's own track (its copies and the computations reading it)
     sample_interval_s = 0.01
 
     def __init__(self, path, max_events: int = 0):
@@ -153,6 +155,7 @@ class Tracer:
         self._last_sample = 0.0
         self._requests = 0
         self.meta: dict = {"tool": "strata", "clock": "CLOCK_MONOTONIC", "pid": os.getpid()}
+        self.staging: range | None = None   # the device's staging slots (learnt from the model in sample())
         lib.strata_trace_enable(1, int(max_events))
         self.model_tid = self._find_tid("model")
         _current = self
@@ -225,6 +228,9 @@ class Tracer:
                 ev["ph"] = "X"
                 ev["dur"] = (e.t1_ns - e.t0_ns) / 1000.0
             self.events.append(ev)
+            if kind in ("dev_copy", "dev_compute") and self.staging is not None and e.a in self.staging:
+                # the staging ring per slot: copy into it, then the computation that reads it
+                self.events.append(dict(ev, tid=self.SLOT_TID + e.a))
 
     def sample(self, model=None, session=None, force: bool = False, **extra) -> None:
         """Counters now (at most every sample_interval_s unless forced)."""
@@ -245,6 +251,7 @@ class Tracer:
             except StrataError:
                 st = None
             if st is not None and model.device != "cpu":
+                self.staging = range(st["cache_slots"], st["cache_slots"] + st["staging_slots"])
                 self.counter("cache", {"hits": st["cache_hits"], "lookups": st["cache_lookups"]}, t)
                 self.counter("pcie", {"pcie_bytes": st["pcie_bytes"], "copy_bytes": st["copy_bytes"]}, t)
                 self.counter("pcie_frac", {"pcie_frac": st["pcie_frac"]}, t)
@@ -299,6 +306,8 @@ class Tracer:
         for tid in tids:
             if tid == self.PY_TID:
                 name = "python"
+            elif tid >= self.SLOT_TID:
+                name = f"staging slot {tid - self.SLOT_TID}"
             else:
                 name = ffi.string(buf).decode() if lib.strata_trace_thread_name(tid, buf, 64) >= 0 else f"thread {tid}"
             meta.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}})

@@ -10,9 +10,9 @@ names the stage); generate() turns it into a Completion with finish_reason "erro
 partial output.
 
 Trace. `Tracer(path)` switches libstrata's recorder on; the C hooks record forward steps (windows),
-layers, mixers, MoE blocks, thread-pool tasks per worker, the sim device's copies and computations
-(args: slot, bytes), the merge and PLE waits, the PLE worker's hash / prefetch / gather, cache
-admits and swaps; each staging slot of the device also gets its own track (its copies and the
+layers, mixers, MoE blocks, thread-pool work per worker (a span per thread and job, with its task
+count), the sim device's copies and computations (args: slot, bytes), the merge and PLE waits, the
+PLE worker's hash / prefetch / gather, cache admits and swaps; each staging slot of the device also gets its own track (its copies and the
 computations reading it, the "copied"/"used" ring of DESIGN §4). Python adds its own spans (requests, prefill, decode steps, MTP draft / verify /
 rollback / extend) with `span(...)`, and counters sampled per decode step (`sample`): cache hits
 and lookups, resident experts per layer, PCIe bytes, pcie_frac, RSS, page-cache-resident PLE table
@@ -95,7 +95,7 @@ _C_ARGS = {
     "ple_prefetch": lambda a, b, c, d: {"pages": c},
     "ple_gather": lambda a, b, c, d: {"rows": c, "read_bytes": d},
     "ple_stall": lambda a, b, c, d: {"seq": c},
-    "pool_task": lambda a, b, c, d: {"task": a, "thread": b, "tasks": c},
+    "pool_task": lambda a, b, c, d: {"first_task": a, "thread": b, "tasks": c, "job_tasks": d},
     "dev_copy": lambda a, b, c, d: {"slot": a, "bytes": c, "seq": d},
     "dev_compute": lambda a, b, c, d: {"slot": a, "groups": b, "seq": d},
     "merge_wait": lambda a, b, c, d: {"layer": a, "seq": d},

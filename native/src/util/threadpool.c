@@ -47,18 +47,21 @@ static uint64_t now_us(void) {
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* With the trace recorder on, one span per thread and job: from its first claim to the end of its
+ * last task, with the number of tasks it ran (a span per task would cost more than small tasks). */
 static void drain(strata_pool *p, int thread) {
+    const int tr = trc_on();
+    const uint64_t t0 = tr ? trc_now() : 0;
+    const int64_t n_tasks = p->n_tasks;
+    int64_t first = -1, ran = 0;
     for (;;) {
         const int64_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        if (trc_on()) {   /* one span per task on its thread (util/trace.h) */
-            const uint64_t t0 = trc_now();
-            p->fn(p->arg, t, thread);
-            trc_emit(TRC_POOL_TASK, t0, trc_now(), (int32_t)t, thread, p->n_tasks, 0);
-            continue;
-        }
+        if (t >= n_tasks) break;
         p->fn(p->arg, t, thread);
+        if (first < 0) first = t;
+        ran++;
     }
+    if (tr && ran) trc_emit(TRC_POOL_TASK, t0, trc_now(), (int32_t)first, thread, ran, n_tasks);
     atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
 }
 

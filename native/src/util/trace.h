@@ -72,7 +72,7 @@ enum {
     TRC_PLE_PREFETCH,    /* worker: c = pages announced */
     TRC_PLE_GATHER,      /* worker: c = rows, d = bytes read from storage */
     TRC_PLE_STALL,       /* worker: the test hook's sleep */
-    TRC_POOL_TASK,       /* a = job's task index */
+    TRC_POOL_TASK,       /* a thread's share of one pool job: a = first task, b = thread, c = tasks run, d = job's tasks */
     TRC_DEV_COPY,        /* a = slot, c = bytes, d = seq */
     TRC_DEV_COMPUTE,     /* a = first slot, b = groups, d = seq */
     TRC_MERGE_WAIT,      /* model thread waiting for the device's computations: a = layer, d = seq */

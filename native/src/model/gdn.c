@@ -87,6 +87,49 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
     float *U = A + C * C;            /* C x dv */
     float *Wk = U + C * dv;          /* C x dk */
     float *gam = Wk + C * dk;        /* C */
+    float wt[GDN_CHUNK];             /* per-row weights of the current sweep */
+    /* The products below are written as sweeps over a block of output elements that stays in
+     * vector registers (8 vectors of 8 floats: eight independent add chains, enough to hide the
+     * add latency; then single vectors, then a scalar tail) while the other
+     * operand streams; every element still sees the same operations in the same order as the
+     * plain loops (mul, then add or subtract, never fused: -ffp-contract=off), so the numbers
+     * are those of the straightforward form, bit for bit. */
+    typedef float v8f __attribute__((vector_size(32)));
+    typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+#define LD(p) (*(const v8fu *)(p))
+#define ST(p, v) (*(v8fu *)(p) = (v))
+    /* y[j] = init_j; then for r < nr: y[j] op= coef(r) * X(r)[j], for j in [0, len) */
+#define GDN_SWEEP(len, INIT, NR, COEF, XROW, OP, STORE)                                          \
+    do {                                                                                         \
+        int64_t j0_ = 0;                                                                         \
+        for (; j0_ + 64 <= (len); j0_ += 64) {                                                   \
+            v8f a_[8];                                                                           \
+            for (int v_ = 0; v_ < 8; v_++) { const int64_t j_ = j0_ + 8 * v_; (void)j_; a_[v_] = INIT; } \
+            for (int64_t r_ = 0; r_ < (NR); r_++) {                                              \
+                const float c_ = (COEF);                                                         \
+                const float *x_ = (XROW) + j0_;                                                  \
+                for (int v_ = 0; v_ < 8; v_++) a_[v_] = a_[v_] OP (c_ * LD(x_ + 8 * v_));        \
+            }                                                                                    \
+            for (int v_ = 0; v_ < 8; v_++) { const int64_t j_ = j0_ + 8 * v_; STORE(j_, a_[v_]); } \
+        }                                                                                        \
+        for (; j0_ + 8 <= (len); j0_ += 8) {                                                     \
+            const int64_t j_ = j0_;                                                              \
+            (void)j_;                                                                            \
+            v8f a_ = INIT;                                                                       \
+            for (int64_t r_ = 0; r_ < (NR); r_++) {                                              \
+                const float c_ = (COEF);                                                         \
+                a_ = a_ OP (c_ * LD((XROW) + j0_));                                              \
+            }                                                                                    \
+            STORE(j_, a_);                                                                       \
+        }                                                                                        \
+        for (; j0_ < (len); j0_++) {                                                             \
+            const int64_t j_ = j0_;                                                              \
+            (void)j_;                                                                            \
+            float s_ = INIT##_S;                                                                 \
+            for (int64_t r_ = 0; r_ < (NR); r_++) s_ = s_ OP ((COEF) * (XROW)[j0_]);             \
+            STORE##_S(j_, s_);                                                                   \
+        }                                                                                        \
+    } while (0)
     for (int64_t c0 = 0; c0 < J->L; c0 += C) {
         const int64_t n = J->L - c0 < C ? J->L - c0 : C;
         float acc = 0.0f;
@@ -105,59 +148,82 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
             float *Ui = U + i * dv, *Wi = Wk + i * dk;
             const float *vi = VROW(i), *ki = KROW(i);
             const float b = BETA(i), be = b * expf(gam[i]);
-            for (int64_t e = 0; e < dv; e++) Ui[e] = b * vi[e];
-            for (int64_t e = 0; e < dk; e++) Wi[e] = be * ki[e];
-            for (int64_t j = 0; j < i; j++) {
-                const float a = A[i * C + j];
-                const float *Uj = U + j * dv, *Wj = Wk + j * dk;
-                for (int64_t e = 0; e < dv; e++) Ui[e] -= a * Uj[e];
-                for (int64_t e = 0; e < dk; e++) Wi[e] -= a * Wj[e];
-            }
+            const float *Ai = A + i * C;
+#define INIT_U (b * LD(vi + j_))
+#define INIT_U_S (b * vi[j_])
+#define STORE_U(j, v) ST(Ui + (j), v)
+#define STORE_U_S(j, v) (Ui[j] = (v))
+            GDN_SWEEP(dv, INIT_U, i, Ai[r_], U + r_ * dv, -, STORE_U);
+#define INIT_W (be * LD(ki + j_))
+#define INIT_W_S (be * ki[j_])
+#define STORE_W(j, v) ST(Wi + (j), v)
+#define STORE_W_S(j, v) (Wi[j] = (v))
+            GDN_SWEEP(dk, INIT_W, i, Ai[r_], Wk + r_ * dk, -, STORE_W);
         }
         /* V' = U − W S (in place in U) */
         for (int64_t i = 0; i < n; i++) {
             float *Ui = U + i * dv;
             const float *Wi = Wk + i * dk;
-            for (int64_t e = 0; e < dk; e++) {
-                const float w = Wi[e];
-                const float *Se = S + e * dv;
-                for (int64_t j = 0; j < dv; j++) Ui[j] -= w * Se[j];
-            }
+#define INIT_V (LD(Ui + j_))
+#define INIT_V_S (Ui[j_])
+            GDN_SWEEP(dv, INIT_V, dk, Wi[r_], S + r_ * dv, -, STORE_U);
         }
         /* O_i = e^{γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{γ_i−γ_j} V'_j */
         for (int64_t i = 0; i < n; i++) {
             float *o = J->o + (c0 + i) * Gv * dv + h * dv;
             const float *qi = QROW(i);
             const float eg = expf(gam[i]);
-            for (int64_t j = 0; j < dv; j++) o[j] = 0.0f;
-            for (int64_t e = 0; e < dk; e++) {
-                const float w = qi[e] * eg;
-                const float *Se = S + e * dv;
-                for (int64_t j = 0; j < dv; j++) o[j] += w * Se[j];
-            }
-            for (int64_t jj = 0; jj <= i; jj++) {
-                const float w = mdl_dot8(qi, KROW(jj), dk) * expf(gam[i] - gam[jj]);
-                const float *Vj = U + jj * dv;
-                for (int64_t j = 0; j < dv; j++) o[j] += w * Vj[j];
-            }
+            for (int64_t jj = 0; jj <= i; jj++) wt[jj] = mdl_dot8(qi, KROW(jj), dk) * expf(gam[i] - gam[jj]);
+            /* o = 0 + Σ_e (q_e e^γ) S_e, then + Σ_{jj ≤ i} wt_jj V'_jj: one sweep per part, o in between */
+#define INIT_Z ((v8f){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f})
+#define INIT_Z_S 0.0f
+#define STORE_O(j, v) ST(o + (j), v)
+#define STORE_O_S(j, v) (o[j] = (v))
+            GDN_SWEEP(dv, INIT_Z, dk, qi[r_] * eg, S + r_ * dv, +, STORE_O);
+#define INIT_O (LD(o + j_))
+#define INIT_O_S (o[j_])
+            GDN_SWEEP(dv, INIT_O, i + 1, wt[r_], U + r_ * dv, +, STORE_O);
         }
-        /* S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V'_iᵀ */
+        /* S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V'_iᵀ: per row e of S, the scaling then the terms
+         * in order of i */
         const float gl = gam[n - 1], egl = expf(gl);
-        for (int64_t e = 0; e < dk * dv; e++) S[e] *= egl;
-        for (int64_t i = 0; i < n; i++) {
-            const float *ki = KROW(i), *Vi = U + i * dv;
-            const float w = expf(gl - gam[i]);
-            for (int64_t e = 0; e < dk; e++) {
-                const float ke = ki[e] * w;
-                float *Se = S + e * dv;
-                for (int64_t j = 0; j < dv; j++) Se[j] += ke * Vi[j];
-            }
+        for (int64_t i = 0; i < n; i++) wt[i] = expf(gl - gam[i]);
+        for (int64_t e = 0; e < dk; e++) {
+            float *Se = S + e * dv;
+#define INIT_S (LD(Se + j_) * egl)
+#define INIT_S_S (Se[j_] * egl)
+#define STORE_S(j, v) ST(Se + (j), v)
+#define STORE_S_S(j, v) (Se[j] = (v))
+            GDN_SWEEP(dv, INIT_S, n, KROW(r_)[e] * wt[r_], U + r_ * dv, +, STORE_S);
         }
 #undef KROW
 #undef QROW
 #undef VROW
 #undef BETA
     }
+#undef LD
+#undef ST
+#undef GDN_SWEEP
+#undef INIT_U
+#undef INIT_U_S
+#undef STORE_U
+#undef STORE_U_S
+#undef INIT_W
+#undef INIT_W_S
+#undef STORE_W
+#undef STORE_W_S
+#undef INIT_V
+#undef INIT_V_S
+#undef INIT_Z
+#undef INIT_Z_S
+#undef STORE_O
+#undef STORE_O_S
+#undef INIT_O
+#undef INIT_O_S
+#undef INIT_S
+#undef INIT_S_S
+#undef STORE_S
+#undef STORE_S_S
 }
 
 static void head_task(void *arg, int64_t h, int thread) {

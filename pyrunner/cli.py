@@ -566,8 +566,8 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                     last = turn = None
                     click.echo("(conversation cleared)")
                 elif cmd == "/stats":
-                    click.echo(f"({_stats_line(last[0], last[1])}; context {sess.n_past}/{model.n_ctx} tokens; "
-                               f"conversation: {live.line()})" if last else "(no answer yet)")
+                    click.echo(f"({_stats_line(last[0], last[1])}; conversation: {live.line()}; "
+                               f"context {sess.n_past}/{model.n_ctx} tokens)" if last else "(no answer yet)")
                 else:
                     click.echo(f"(unknown command {cmd}; {_CHAT_HELP})")
                 continue

@@ -67,8 +67,13 @@ def test_trace_windows_layers_nesting_and_counters(tiny, tmp_path):
     ev = d["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"model", "PLE worker", "sim copy", "sim compute"} <= set(names.values())
-    assert any(n.startswith("pool ") for n in names.values())
     model_tid = next(t for t, n in names.items() if n == "model")
+    # pool work per thread: share 0 is the caller's (the model thread), share k the worker "pool k"
+    pool = [e for e in ev if e.get("cat") == "pool_task"]
+    assert pool and all(e["args"]["tasks"] >= 1 for e in pool)
+    for e in pool:
+        k = e["args"]["thread"]
+        assert names[e["tid"]] == ("model" if k == 0 else f"pool {k}")
     X = [e for e in ev if e["ph"] == "X"]
     windows = sorted((e for e in X if e["cat"] == "step"), key=lambda e: e["ts"])
     # one forward step for the prompt, one per decode step (the last sampled token is not evaluated)

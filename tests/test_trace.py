@@ -275,3 +275,30 @@ def test_live_stats_line():
               "drafts_proposed": 8, "drafts_accepted": 6})
     live.add({"generated_tokens": 10, "decode_s": 2.0})
     assert live.line() == "5.0 tok/s, hit rate 75.0 %, draft accepted 6/8"
+
+
+def test_trace_shows_the_model_thread_waiting_on_a_stalled_gather(tiny, monkeypatch, tmp_path):
+    # the seed's question: what does the engine wait on? The worker's stall and the model thread's wait line up.
+    _stall(monkeypatch, ms=300, at=3)
+    c, d, _, ple_layer = _traced(tiny, tmp_path, dict(cache_gib=0.0002, pcie_frac=0.5), max_tokens=4, watchdog_s=10)
+    assert c.finish_reason == "length"
+    X = [e for e in d["traceEvents"] if e["ph"] == "X"]
+    stall = [e for e in X if e["cat"] == "ple_stall"]
+    assert len(stall) == 1 and stall[0]["dur"] >= 290e3
+    wait = max((e for e in X if e["cat"] == "ple_wait"), key=lambda e: e["dur"])
+    assert wait["dur"] >= 250e3 and wait["ts"] < stall[0]["ts"] + stall[0]["dur"] <= wait["ts"] + wait["dur"] + 1e3
+    layer = next(e for e in X if e["cat"] == "ple" and e["ts"] <= wait["ts"] <= e["ts"] + e["dur"])
+    assert layer["args"]["layer"] == ple_layer
+    assert c.stats["ple_wait_s"] >= 0.25
+
+
+def test_cli_generate_trace(tiny, tmp_path):
+    out = tmp_path / "g.json"
+    r = CliRunner().invoke(cli, ["generate", "hello", "-m", tiny, "--temp", "0", "-n", "4", "--threads", "2",
+                                 "--n-ctx", "256", "--device", "sim", "--cache-gib", "0.0002", "--trace", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"events in {out}" in r.output and "strata plot" in r.output
+    d = json.loads(out.read_text())
+    req = [e for e in d["traceEvents"] if e.get("cat") == "request" and e["ph"] == "X"]
+    assert len(req) == 1 and req[0]["args"]["finish_reason"] == "length"
+    assert d["metadata"]["requests"] == 1

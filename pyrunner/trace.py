@@ -142,6 +142,7 @@ class Tracer:
     PY_TID = 10_000          # the track of Python's spans when the model thread is unknown
     SLOT_TID = 20_000        # + slot: a staging slot's own track (its copies and the computations reading it)
     sample_interval_s = 0.01
+    slow_interval_s = 0.25   # the counters that scan a table (mincore over the PLE table, the cache's slots)
 
     def __init__(self, path, max_events: int = 0):
         global _current
@@ -153,6 +154,7 @@ class Tracer:
         self.events: list[dict] = []
         self.t_origin = time.monotonic_ns()
         self._last_sample = 0.0
+        self._last_slow = 0.0
         self._requests = 0
         self.meta: dict = {"tool": "strata", "clock": "CLOCK_MONOTONIC", "pid": os.getpid()}
         self.staging: range | None = None   # the device's staging slots (learnt from the model in sample())
@@ -238,6 +240,9 @@ class Tracer:
         if not force and now - self._last_sample < self.sample_interval_s:
             return
         self._last_sample = now
+        slow = force or now - self._last_slow >= self.slow_interval_s
+        if slow:
+            self._last_slow = now
         t = time.monotonic_ns()
         io = _proc_io()
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -258,11 +263,11 @@ class Tracer:
                 self.counter("device_busy_s", {"copy_s": st["copy_s"], "compute_s": st["device_s"]}, t)
                 n = model.n_layer
                 per = ffi.new("int32_t[]", n)
-                if lib.strata_model_resident_experts(model._ptr, per, n) == lib.STRATA_OK:
+                if slow and lib.strata_model_resident_experts(model._ptr, per, n) == lib.STRATA_OK:
                     self.counter("resident_experts", {f"L{i}": per[i] for i in range(n)}, t)
                     self.counter("resident_total", {"experts": sum(per[i] for i in range(n)),
                                                     "bytes": sum(per[i] for i in range(n)) * st["slot_bytes"]}, t)
-            if getattr(model, "has_ple", False):
+            if slow and getattr(model, "has_ple", False):
                 res = ffi.new("uint64_t *")
                 tot = ffi.new("uint64_t *")
                 if lib.strata_model_ple_resident(model._ptr, res, tot) == lib.STRATA_OK:

@@ -203,12 +203,15 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         if vs_llama_cpp:
             raise click.ClickException("--mtp and --vs-llama-cpp: llama-cpp-python 0.3.36 has no qwen4exp MTP; "
                                        "run them separately")
+        tracer = _tracer({"trace_path": trace_path})    # --mtp: the one run is traced (no on/off comparison)
         try:
-            res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-                              kv_type=kv_type, seed=seed, log=log)
+            with tracer:
+                res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
+                                  gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
         except (b.BenchError, StrataError) as e:
             raise _fail(e) from None
         _bench_out(res, as_json, b.format_mtp_table)
+        _trace_note(tracer)
         return
     try:
         res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,

@@ -25,7 +25,8 @@
  * constants at every call site; forced inlining turns each combination into straight code. */
 #define IQ_INLINE static inline __attribute__((always_inline))
 
-enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98, MAX_COLS = 16 };
+enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98, MAX_COLS = 16,
+       BIASED_COLS = 16 /* columns per decoded block in the biased kernels (32 measured no faster) */ };
 
 /* ---------------------------------------------------------------- sign helpers */
 
@@ -261,6 +262,127 @@ void strata_avx2_vec_dot_iq2_xs(int64_t n, const void *w, const void *x, size_t 
 
 void strata_avx2_vec_dot_iq3_xxs(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {
     vec_dot_iq(KIND_IQ3XXS, n, w, x, x_stride, ncols, y, IQ3XXS_SIZE, 0.25f);
+}
+
+/* ---------------------------------------------------------------- several columns, biased activations */
+
+/* For products of several columns, matmul.c stores the activation codes biased: byte q ^ 0x80,
+ * i.e. q + 128 as an unsigned byte (strata_act_bias_q8_256). Then the signs can go onto the
+ * weights once per row instead of onto the activations once per column:
+ *     maddubs(q + 128, w) = [the row path's maddubs(g, sign(q, s))] + maddubs(128, w)
+ * for w = sign(g, s) (|w| <= 62, so no pair reaches 2 * 255 * 62 = 31620: no saturation), and
+ * after madd with the scale factors the second term, summed over the block, is the constant
+ * corr that the accumulator starts from (negated). Integer lanes are exact, so every lane equals
+ * the row path's and the float part is unchanged: bit for bit vec_dot's result. The inner loop
+ * per column and 32 values is maddubs + madd + add instead of sign + maddubs + madd + add. */
+typedef struct {
+    __m256i w[8], sc[8];
+    __m256i ncorr; /* -corr */
+} iq_decb;
+
+IQ_INLINE void blk_decode_biased(int kind, const uint8_t *b, iq_decb *D) {
+    iq_blk P;
+    blk_prep(kind, b, &P);
+    const __m256i c128 = _mm256_set1_epi8((char)0x80);
+    __m256i corr = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        __m256i g, s;
+        blk_reg(kind, b, &P, k, &g, &s, &D->sc[k]);
+        D->w[k] = _mm256_sign_epi8(g, s);
+        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(c128, D->w[k]), D->sc[k]));
+    }
+    D->ncorr = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+}
+
+IQ_INLINE void dot_decb_pass(const iq_decb *D, const act_q8_256 *const *xc, int m, int64_t i, float d,
+                             float half_f, __m256 *facc) {
+    __m256i acc[8];
+    for (int c = 0; c < m; c++) acc[c] = D->ncorr;
+    for (int k = 0; k < 8; k++) {
+        const __m256i w = _mm256_load_si256(&D->w[k]);
+        const __m256i sc = _mm256_load_si256(&D->sc[k]);
+        for (int c = 0; c < m; c++) {
+            const __m256i qu = _mm256_loadu_si256((const __m256i *)(xc[c][i].qs + 32 * k));
+            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(qu, w), sc));
+        }
+    }
+    for (int c = 0; c < m; c++) {
+        const __m256 dd = _mm256_set1_ps(d * xc[c][i].d * half_f);
+        facc[c] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(acc[c]), facc[c]);
+    }
+}
+
+/* Columns [0, 8 * np + mr): every super-block is decoded once, then applied in np passes of 8
+ * columns and one of mr (mr <= 7, a constant after inlining). */
+IQ_INLINE void vec_dot_many_biased(int kind, int64_t nb, const uint8_t *b, size_t type_size, const void *x,
+                                   size_t x_stride, int np, int mr, float half_f, float *y) {
+    const act_q8_256 *xc[BIASED_COLS];
+    __m256 facc[BIASED_COLS];
+    const int m = 8 * np + mr;
+    for (int c = 0; c < m; c++) {
+        xc[c] = (const act_q8_256 *)((const char *)x + (size_t)c * x_stride);
+        facc[c] = _mm256_setzero_ps();
+    }
+    iq_decb D;
+    for (int64_t i = 0; i < nb; i++, b += type_size) {
+        blk_decode_biased(kind, b, &D);
+        const float d = block_d(b);
+        for (int p = 0; p < np; p++) dot_decb_pass(&D, xc + 8 * p, 8, i, d, half_f, facc + 8 * p);
+        if (mr > 0) dot_decb_pass(&D, xc + 8 * np, mr, i, d, half_f, facc + 8 * np);
+    }
+    for (int c = 0; c < m; c++) y[c] = strata_hsum8_avx2(facc[c]);
+}
+
+IQ_INLINE void rows_iq_biased(int kind, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                              size_t x_stride, int ncols, float *y, int64_t ldy, size_t type_size, float half_f) {
+    const int64_t nb = n / QK_K;
+    float t[BIASED_COLS];
+    for (int c0 = 0; c0 < ncols; c0 += BIASED_COLS) {
+        const int nc = ncols - c0 < BIASED_COLS ? ncols - c0 : BIASED_COLS;
+        const void *xs = (const char *)x + (size_t)c0 * x_stride;
+        const int np = nc / 8;
+        for (int64_t r = 0; r < nrows; r++) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * w_row;
+#define MANYB(mr) vec_dot_many_biased(kind, nb, wr, type_size, xs, x_stride, np, mr, half_f, t)
+            switch (nc % 8) {
+            case 0: MANYB(0); break;
+            case 1: MANYB(1); break;
+            case 2: MANYB(2); break;
+            case 3: MANYB(3); break;
+            case 4: MANYB(4); break;
+            case 5: MANYB(5); break;
+            case 6: MANYB(6); break;
+            default: MANYB(7); break;
+            }
+#undef MANYB
+            for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = t[c];
+        }
+    }
+}
+
+void strata_avx2_rows_iq2_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                              int ncols, float *y, int64_t ldy) {
+    rows_iq_biased(KIND_IQ2XXS, n, w, w_row, nrows, x, x_stride, ncols, y, ldy, IQ2XXS_SIZE, 0.125f);
+}
+
+void strata_avx2_rows_iq2_xs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    rows_iq_biased(KIND_IQ2XS, n, w, w_row, nrows, x, x_stride, ncols, y, ldy, IQ2XS_SIZE, 0.125f);
+}
+
+void strata_avx2_rows_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                              int ncols, float *y, int64_t ldy) {
+    rows_iq_biased(KIND_IQ3XXS, n, w, w_row, nrows, x, x_stride, ncols, y, ldy, IQ3XXS_SIZE, 0.25f);
+}
+
+void strata_act_bias_q8_256(void *x, int64_t n) {
+    act_q8_256 *a = x;
+    const __m256i m = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int k = 0; k < QK_K; k += 32) {
+            __m256i *p = (__m256i *)(a[i].qs + k);
+            _mm256_storeu_si256(p, _mm256_xor_si256(_mm256_loadu_si256(p), m));
+        }
 }
 
 /* ---------------------------------------------------------------- dequantization */

@@ -17,6 +17,19 @@ void strata_avx2_vec_dot_iq2_xs(int64_t n, const void *w, const void *x, size_t 
                                 int ncols, float *y);
 void strata_avx2_vec_dot_iq3_xxs(int64_t n, const void *w, const void *x, size_t x_stride,
                                  int ncols, float *y);
+
+/* Products of several columns against activations whose codes are stored biased (q ^ 0x80, see
+ * strata_act_bias_q8_256): rows 0..nrows-1 (w_row bytes apart, n values each) times ncols
+ * act_q8_256 columns (x_stride bytes apart): y[c * ldy + r] = the type's vec_dot of row r and the
+ * unbiased column c, bit for bit (avx2_iq.c). */
+void strata_avx2_rows_iq2_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                              int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_iq2_xs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                              int ncols, float *y, int64_t ldy);
+/* Flips bit 7 of every code of an act_q8_256 row of n values (its own inverse). */
+void strata_act_bias_q8_256(void *x, int64_t n);
 #endif
 
 #endif

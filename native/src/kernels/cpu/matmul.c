@@ -15,6 +15,7 @@
 #include "../../util/error.h"
 #if STRATA_HAVE_AVX2
 #include "avx2_fp4.h"
+#include "avx2_iq.h"
 #endif
 
 enum { COL_TILE = 16 };
@@ -45,6 +46,31 @@ static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_thread
     return rpt;
 }
 
+/* Whether the activations of this product are stored biased (codes q ^ 0x80) for a kernel of
+ * several columns that wants them so (avx2_iq.c: IQ2_XXS, IQ2_XS, IQ3_XXS). */
+static int act_biased(const strata_qtraits *t, int isa, int64_t n) {
+#if STRATA_HAVE_AVX2
+    return isa == STRATA_ISA_IDX_AVX2 && n > 1 &&
+           (t->type == GT_IQ2_XS || t->type == GT_IQ2_XXS || t->type == GT_IQ3_XXS);
+#else
+    (void)t; (void)isa; (void)n;
+    return 0;
+#endif
+}
+
+static void act_quantize(const strata_qtraits *t, int isa, int biased, const float *src, void *dst, int64_t cols) {
+    if (t->act == STRATA_ACT_Q8_32) {
+        strata_act_quantize_q8_32(src, dst, cols, isa);
+        return;
+    }
+    strata_act_quantize_q8_256(src, dst, cols, isa);
+#if STRATA_HAVE_AVX2
+    if (biased) strata_act_bias_q8_256(dst, cols);
+#else
+    (void)biased;
+#endif
+}
+
 /* Rows r0..r1 against all n columns with a kernel that takes several rows at once, where one
  * exists for this type, width and ISA (same results as vec_dot, bit for bit). Returns 0 if not. */
 static int rows_kernel(const strata_qtraits *t, int isa, const char *w, size_t w_row, int64_t rows, int64_t cols,
@@ -56,7 +82,10 @@ static int rows_kernel(const strata_qtraits *t, int isa, const char *w, size_t w
      * IQ4_NL or 5 NVFP4: 1.2-4x); a long row at one column is faster on the row path. */
     typedef void (*rows_fn)(int64_t, const void *, size_t, int64_t, const void *, size_t, int, float *, int64_t);
     rows_fn fn = NULL;
-    if (isa == STRATA_ISA_IDX_AVX2 && (n > 1 || cols / t->block_size <= 16)) {
+    if (act_biased(t, isa, n)) {
+        fn = t->type == GT_IQ2_XS ? strata_avx2_rows_iq2_xs : t->type == GT_IQ2_XXS ? strata_avx2_rows_iq2_xxs
+                                                                                       : strata_avx2_rows_iq3_xxs;
+    } else if (isa == STRATA_ISA_IDX_AVX2 && (n > 1 || cols / t->block_size <= 16)) {
         if (t->type == GT_IQ4_NL) fn = strata_avx2_rows_iq4_nl;
         else if (t->type == GT_MXFP4) fn = strata_avx2_rows_mxfp4;
         else if (t->type == GT_NVFP4) fn = strata_avx2_rows_nvfp4;
@@ -79,9 +108,7 @@ static void act_task(void *arg, int64_t j, int thread) {
     (void)thread;
     mm_job *m = arg;
     void *dst = (char *)m->xa + (size_t)j * m->xa_row;
-    const float *src = m->x + j * m->cols;
-    if (m->t->act == STRATA_ACT_Q8_32) strata_act_quantize_q8_32(src, dst, m->cols, m->isa);
-    else strata_act_quantize_q8_256(src, dst, m->cols, m->isa);
+    act_quantize(m->t, m->isa, act_biased(m->t, m->isa, m->n), m->x + j * m->cols, dst, m->cols);
 }
 
 static void mm_task(void *arg, int64_t task, int thread) {
@@ -153,9 +180,7 @@ static void multi_act_task(void *arg, int64_t task, int thread) {
     const int64_t i = M->qrows[task][0], j = M->qrows[task][1];
     const strata_mm_item *it = &M->items[i];
     void *dst = (char *)M->xa[i] + (size_t)j * M->xa_row[i];
-    const float *src = it->x + j * it->cols;
-    if (it->t->act == STRATA_ACT_Q8_32) strata_act_quantize_q8_32(src, dst, it->cols, M->isa);
-    else strata_act_quantize_q8_256(src, dst, it->cols, M->isa);
+    act_quantize(it->t, M->isa, act_biased(it->t, M->isa, it->n), it->x + j * it->cols, dst, it->cols);
 }
 
 static void multi_mm_task(void *arg, int64_t task, int thread) {
@@ -203,7 +228,8 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
                                                     : (size_t)(it->cols / QK_K) * sizeof(act_q8_256);
         for (int j = 0; j < i; j++)
             if (owner[j] == j && items[j].x == it->x && items[j].cols == it->cols && items[j].n == it->n &&
-                items[j].t->act == it->t->act) { owner[i] = j; break; }
+                items[j].t->act == it->t->act &&
+                act_biased(items[j].t, isa, items[j].n) == act_biased(it->t, isa, it->n)) { owner[i] = j; break; }
         if (owner[i] == i) { nq += it->n; qbytes += xa_row[i] * (size_t)it->n; }
     }
     /* row tasks per item, cut as a single matmul is */

@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
           "tests/test_tokenizer.py", "tests/test_model_api.py", "tests/test_offload.py", "tests/test_ple.py",
-          "tests/test_gemm.py", "tests/test_mtp.py",
-          "tests/test_mtp_model.py"]
+          "tests/test_gemm.py", "tests/test_mtp.py", "tests/test_mtp_model.py", "tests/test_trace.py"]
 
 pytestmark = [
     pytest.mark.slow,

@@ -130,6 +130,26 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
             STORE##_S(j_, s_);                                                                   \
         }                                                                                        \
     } while (0)
+    /* out[t] = mdl_dot8(a, ROW(j0 + t), dk) for t < cnt (<= 4), four at once: the same lane sums
+     * (lane l takes the products e ≡ l mod 8, e ascending) and the same final reduction as
+     * mdl_dot8, as independent chains instead of one latency-bound chain per product */
+#define GDN_DOTS(a, ROW, j0, cnt, out)                                                           \
+    do {                                                                                         \
+        v8f d_[4] = {{0}, {0}, {0}, {0}};                                                        \
+        float l_[4][8];                                                                          \
+        int64_t e_ = 0;                                                                          \
+        for (; e_ + 8 <= dk; e_ += 8) {                                                          \
+            const v8f av_ = LD((a) + e_);                                                        \
+            for (int t_ = 0; t_ < 4; t_++)                                                       \
+                if (t_ < (cnt)) d_[t_] = d_[t_] + av_ * LD(ROW((j0) + t_) + e_);                 \
+        }                                                                                        \
+        for (int t_ = 0; t_ < (cnt); t_++) {                                                     \
+            memcpy(l_[t_], &d_[t_], sizeof l_[t_]);                                              \
+            for (int64_t f_ = e_; f_ < dk; f_++) l_[t_][f_ & 7] += (a)[f_] * ROW((j0) + t_)[f_]; \
+            (out)[t_] = ((l_[t_][0] + l_[t_][4]) + (l_[t_][2] + l_[t_][6])) +                    \
+                        ((l_[t_][1] + l_[t_][5]) + (l_[t_][3] + l_[t_][7]));                     \
+        }                                                                                        \
+    } while (0)
     for (int64_t c0 = 0; c0 < J->L; c0 += C) {
         const int64_t n = J->L - c0 < C ? J->L - c0 : C;
         float acc = 0.0f;
@@ -138,11 +158,10 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #define QROW(i) (J->qn + ((c0 + (i)) * Gk + kh) * dk)
 #define VROW(i) (J->cv + (c0 + (i)) * CD + 2 * Gk * dk + h * dv)
 #define BETA(i) (J->beta[(c0 + (i)) * Gv + h])
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < i; j++) {
-                const float d = mdl_dot8(KROW(i), KROW(j), dk);
-                A[i * C + j] = BETA(i) * d * expf(gam[i] - gam[j]);
-            }
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t j = 0; j < i; j += 4) GDN_DOTS(KROW(i), KROW, j, i - j < 4 ? i - j : 4, wt + j);
+            for (int64_t j = 0; j < i; j++) A[i * C + j] = BETA(i) * wt[j] * expf(gam[i] - gam[j]);
+        }
         /* forward substitution: U_i = β_i v_i − Σ_{j<i} A_ij U_j; W_i = β_i e^{γ_i} k_i − Σ A_ij W_j */
         for (int64_t i = 0; i < n; i++) {
             float *Ui = U + i * dv, *Wi = Wk + i * dk;
@@ -173,7 +192,8 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
             float *o = J->o + (c0 + i) * Gv * dv + h * dv;
             const float *qi = QROW(i);
             const float eg = expf(gam[i]);
-            for (int64_t jj = 0; jj <= i; jj++) wt[jj] = mdl_dot8(qi, KROW(jj), dk) * expf(gam[i] - gam[jj]);
+            for (int64_t jj = 0; jj <= i; jj += 4) GDN_DOTS(qi, KROW, jj, i + 1 - jj < 4 ? i + 1 - jj : 4, wt + jj);
+            for (int64_t jj = 0; jj <= i; jj++) wt[jj] = wt[jj] * expf(gam[i] - gam[jj]);
             /* o = 0 + Σ_e (q_e e^γ) S_e, then + Σ_{jj ≤ i} wt_jj V'_jj: one sweep per part, o in between */
 #define INIT_Z ((v8f){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f})
 #define INIT_Z_S 0.0f
@@ -204,6 +224,7 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #undef LD
 #undef ST
 #undef GDN_SWEEP
+#undef GDN_DOTS
 #undef INIT_U
 #undef INIT_U_S
 #undef STORE_U

@@ -48,8 +48,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def sources() -> list[tuple[str, str, str]]:
-    """(path, licence, group) of every source file, sorted."""
+def sources(pattern: str | None = None) -> list[tuple[str, str, str]]:
+    """(path, licence, group) of every source file, sorted; `pattern` (a glob, tests) replaces them."""
+    if pattern:
+        return [(p, "test input", "test") for p in sorted(glob.glob(pattern, recursive=True))]
     out = []
     stdlib = sysconfig.get_paths()["stdlib"]
     for p in sorted(glob.glob(os.path.join(stdlib, "**", "*.py"), recursive=True)):
@@ -61,9 +63,9 @@ def sources() -> list[tuple[str, str, str]]:
     return out
 
 
-def read_docs(seed: int) -> tuple[list[str], list[dict]]:
+def read_docs(seed: int, pattern: str | None = None) -> tuple[list[str], list[dict]]:
     seen, docs, meta = set(), [], []
-    for path, lic, group in sources():
+    for path, lic, group in sources(pattern):
         try:
             with open(path, encoding="utf-8") as f:
                 text = unicodedata.normalize("NFC", f.read())
@@ -107,6 +109,9 @@ def train_tokenizer(texts: list[str], vocab: int, out_dir: str):
 
 
 def encode(tok, docs: list[str], eot: int) -> np.ndarray:
+    """Documents as text (a literal "<|endoftext|>" in a source file is text, not the control token), each
+    followed by the real <|endoftext|>."""
+    tok.encode_special_tokens = True
     out = []
     for enc in tok.encode_batch(docs, add_special_tokens=False):
         out.extend(enc.ids)
@@ -126,9 +131,10 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=8192, help="tokens including the 3 specials")
     ap.add_argument("--heldout", type=float, default=0.02, help="share of documents held out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sources", default=None, help="a glob of text files to use instead (tests)")
     a = ap.parse_args(argv)
     os.makedirs(a.out_dir, exist_ok=True)
-    docs, meta = read_docs(a.seed)
+    docs, meta = read_docs(a.seed, a.sources)
     if not docs:
         raise SystemExit("make_corpus: no source files found")
     n_held = max(1, int(len(docs) * a.heldout))

@@ -310,10 +310,15 @@ def main(argv=None) -> int:
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--save-every", type=float, default=300.0, help="seconds between checkpoints")
     ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
+    ap.add_argument("--final-eval-windows", type=int, default=10 ** 9, help="held-out windows of the final evaluation")
     ap.add_argument("--stop-after", type=float, default=None, help="stop this session after this many seconds")
+    ap.add_argument("--stop-at-step", type=int, default=None, help="stop this session at this step (tests)")
     ap.add_argument("--probe", type=int, default=0, help="time this many steps from scratch, write nothing")
     ap.add_argument("--export", default=None, help="write the checkpoint as a transformers directory and stop")
+    ap.add_argument("--config", default=None, help="JSON object of config fields that replace CONFIG's (tests)")
     a = ap.parse_args(argv)
+    if a.config:
+        CONFIG.update(json.loads(a.config))
 
     import torch
     torch.set_num_threads(a.threads)
@@ -359,7 +364,7 @@ def main(argv=None) -> int:
     t_session = time.time()
     t_save = time.time()
     while True:
-        if st["total_steps"] is None and (st["step"] >= 30 or a.probe):
+        if st["total_steps"] is None and (st["step"] >= 30 or a.probe or a.tokens_per_s):
             tps = a.tokens_per_s or (st["tokens"] / st["elapsed_s"] if st["elapsed_s"] else 1000.0)
             st["total_steps"] = int(a.hours * 3600 * tps / per_step)
             log(f"schedule: {st['total_steps']} steps ({tps:.0f} tokens/s x {a.hours} h)")
@@ -367,6 +372,8 @@ def main(argv=None) -> int:
         if st["step"] >= total or (a.probe and st["step"] >= a.probe):
             break
         if a.stop_after is not None and time.time() - t_session > a.stop_after:
+            break
+        if a.stop_at_step is not None and st["step"] >= a.stop_at_step:
             break
         s = st["step"]
         lr = a.lr * min(1.0, (s + 1) / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
@@ -397,7 +404,7 @@ def main(argv=None) -> int:
     if a.probe:
         log(f"probe: {st['tokens'] / st['elapsed_s']:.0f} tokens/s over {st['step']} steps")
         return 0
-    ppl = heldout_ppl(model, os.path.join(a.corpus, "heldout.bin"), a.seq, 10 ** 9)
+    ppl = heldout_ppl(model, os.path.join(a.corpus, "heldout.bin"), a.seq, a.final_eval_windows)
     st["evals"].append([st["step"], st["tokens"], ppl])
     checkpoint()
     log(f"stopped at step {st['step']}: held-out perplexity {ppl:.2f} (whole split)")

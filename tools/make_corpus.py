@@ -31,21 +31,18 @@ import json
 import math
 import os
 import random
+import sys
 import sysconfig
 import unicodedata
 
 import numpy as np
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hfkit import SPECIALS, train_bpe  # noqa: E402
+
 # Qwen 3.5's pre-tokenizer split (llama.cpp "qwen35"): single digits, letters with marks, punctuation runs.
 QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 def sources(pattern: str | None = None) -> list[tuple[str, str, str]]:
@@ -83,29 +80,7 @@ def read_docs(seed: int, pattern: str | None = None) -> tuple[list[str], list[di
 
 
 def train_tokenizer(texts: list[str], vocab: int, out_dir: str):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN35_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab - len(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_special_tokens(SPECIALS)
-    tok.save(os.path.join(out_dir, "tokenizer.json"))
-    ids = {s: tok.token_to_id(s) for s in SPECIALS}
-    cfg = {"tokenizer_class": "Qwen2Tokenizer", "model_max_length": 4096, "bos_token": None,
-           "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
-           "chat_template": CHAT_TEMPLATE,
-           "added_tokens_decoder": {str(i): {"content": s, "special": True, "lstrip": False, "rstrip": False,
-                                             "normalized": False, "single_word": False} for s, i in ids.items()}}
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    return tok, ids
+    return train_bpe(texts, vocab - len(SPECIALS), QWEN35_SPLIT, out_dir)
 
 
 def encode(tok, docs: list[str], eot: int) -> np.ndarray:

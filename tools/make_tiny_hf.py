@@ -28,17 +28,12 @@ import json
 import os
 import sys
 
-# Special tokens follow the byte/merge vocabulary, as in Qwen's vocabularies.
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hfkit import mark_mtp, train_bpe  # noqa: E402
+
 # The pre-tokenizer split of Qwen2-family tokenizers (llama.cpp's "qwen2" pre-tokenizer).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. ",
     "Strata runs hybrid mixture-of-experts models on one machine; the experts stream from RAM. ",
@@ -51,41 +46,9 @@ VOCAB_SIZE = 320        # config vocab: 303 real tokens, the rest padding rows (
 
 
 def build_tokenizer(out_dir: str) -> dict[str, int]:
-    """Train a byte-level BPE of N_MERGED tokens on CORPUS, append SPECIALS, save tokenizer.json and
+    """Train a byte-level BPE of N_MERGED tokens on CORPUS, append the ChatML specials, save tokenizer.json and
     tokenizer_config.json. Returns the special-token ids."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=N_MERGED, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer=trainer)
-    n_base = tok.get_vocab_size()
-    if n_base > N_MERGED:
-        raise RuntimeError(f"BPE training produced {n_base} tokens, more than {N_MERGED}")
-    tok.add_special_tokens(SPECIALS)
-    ids = {s: tok.token_to_id(s) for s in SPECIALS}
-    tok.save(os.path.join(out_dir, "tokenizer.json"))
-    cfg = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "model_max_length": 4096,
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "add_bos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-        "added_tokens_decoder": {str(i): {"content": s, "special": True, "lstrip": False, "rstrip": False,
-                                          "normalized": False, "single_word": False}
-                                 for s, i in ids.items()},
-    }
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    return ids
+    return train_bpe(CORPUS * 20, N_MERGED, QWEN2_SPLIT, out_dir)[1]
 
 
 def tiny_config(gate: str, budget: int, eos: list[int], pad: int, **overrides) -> dict:
@@ -213,12 +176,7 @@ def add_mtp(out_dir: str, cfg: dict, seed: int) -> None:
         else:
             sd[name] = torch.randn(shape, generator=g) / shape[-1] ** 0.5
     save_file(sd, path, metadata={"format": "pt"})
-    cpath = os.path.join(out_dir, "config.json")
-    with open(cpath) as f:
-        c = json.load(f)
-    c["mtp_num_hidden_layers"] = 1
-    with open(cpath, "w") as f:
-        json.dump(c, f, indent=2)
+    mark_mtp(out_dir)
 
 
 # ------------------------------------------------------------------------------------------ ModelOpt NVFP4

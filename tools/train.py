@@ -31,6 +31,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hfkit import mark_mtp  # noqa: E402
+
 CONFIG = dict(
     hidden_size=256, num_hidden_layers=4,
     layer_types=["linear_attention"] * 3 + ["full_attention"],
@@ -286,12 +289,7 @@ def export(corpus: str, model, mtp, out_dir: str) -> None:
     for k, v in mtp.state_dict().items():
         tensors[f"mtp.{k}"] = v.detach().contiguous().to(torch.float32)
     save_file(tensors, st, metadata={"format": "pt"})
-    cfg_path = os.path.join(out_dir, "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    cfg["mtp_num_hidden_layers"] = 1
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f, indent=2)
+    mark_mtp(out_dir)
 
 
 def main(argv=None) -> int:

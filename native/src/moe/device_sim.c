@@ -6,10 +6,14 @@
  * the same numbers. Each operation waits for its dependency on the other engine (device.h).
  * One mutex guards both queues, both counters' slow paths and the event log; the counters are
  * also atomics so the model thread can poll them without the lock.
+ * The `cuda` device is this machinery with GPU work (device_cuda.h): its copy engine runs
+ * cudev_copy instead of memcpy + pacing, its compute engine cudev_ffn, its slots live on the GPU.
  */
 #include "device.h"
+#include "device_cuda.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +84,8 @@ typedef struct {
 
 struct mdev {
     mdev_params p;
-    char *mem;                 /* n_slots x slot_bytes */
+    char *mem;                 /* n_slots x slot_bytes (sim) */
+    cudev *cu;                 /* the GPU's slots and streams (cuda), else NULL */
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* any change: work queued, an operation done, stop */
     engine eng[2];             /* 0 copy, 1 compute */
@@ -97,6 +102,14 @@ struct mdev {
 };
 
 typedef struct { mdev *d; int which; } eng_arg;
+
+static void cu_release(cudev *cu) {
+#if STRATA_HAVE_CUDA
+    cudev_free(cu);
+#else
+    (void)cu;
+#endif
+}
 
 static void log_event(mdev *d, int which, const sim_op *op, uint64_t seq, double t0, double t1) {
     if (!d->log_on) return;
@@ -125,6 +138,18 @@ static void log_event(mdev *d, int which, const sim_op *op, uint64_t seq, double
 
 static void run_copy(mdev *d, sim_op *op) {
     const double t0 = now_s();
+#if STRATA_HAVE_CUDA
+    if (d->cu) {
+        /* a failed copy leaves the slot as it was: the error goes to the log, the number completes */
+        if (cudev_copy(d->cu, op->slot, op->src, op->bytes) != STRATA_OK)
+            fprintf(stderr, "strata: %s\n", strata_last_error());
+        pthread_mutex_lock(&d->mu);
+        d->copy_bytes += op->bytes[0] + op->bytes[1] + op->bytes[2];
+        d->copy_s += now_s() - t0;
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+#endif
     char *dst = d->mem + (size_t)op->slot * d->p.slot_bytes;
     size_t total = 0;
     for (int k = 0; k < 3; k++) {
@@ -153,6 +178,15 @@ static void run_compute(mdev *d, sim_op *op) {
     for (int i = 0; i < op->ng; i++) {
         const mdev_group *g = &op->g[i];
         /* an allocation failure leaves zero rows (the expert's contribution is lost, not garbage) */
+#if STRATA_HAVE_CUDA
+        if (d->cu) {
+            if (cudev_ffn(d->cu, g) != STRATA_OK) {
+                fprintf(stderr, "strata: %s\n", strata_last_error());
+                memset(g->out, 0, (size_t)(g->n * g->shape->E) * sizeof(float));
+            }
+            continue;
+        }
+#endif
         if (mdev_expert_ffn(g->shape, d->mem + (size_t)g->slot * d->p.slot_bytes, g->sg, g->su, d->p.isa, g->x,
                             g->n, g->out) != STRATA_OK)
             memset(g->out, 0, (size_t)(g->n * g->shape->E) * sizeof(float));
@@ -167,7 +201,8 @@ static void *engine_main(void *arg) {
     const int which = ((eng_arg *)arg)->which;
     free(arg);
     engine *e = &d->eng[which], *other = &d->eng[1 - which];
-    trc_thread_name(which ? "sim compute" : "sim copy");
+    if (d->cu) trc_thread_name(which ? "cuda compute" : "cuda copy");
+    else trc_thread_name(which ? "sim compute" : "sim copy");
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (!d->stop && (!e->count || (!atomic_load_explicit(&d->cancel, memory_order_relaxed) &&
@@ -215,21 +250,36 @@ static void *engine_main(void *arg) {
 }
 
 strata_status mdev_create(const mdev_params *p, mdev **out) {
-    if (p->kind != MDEV_SIM)
+    if (p->kind == MDEV_CUDA && !STRATA_HAVE_CUDA)
+        return strata_fail(STRATA_ERR_NO_DEVICE, "cuda device: this libstrata was built without CUDA (STRATA_CUDA=OFF)");
+    if (p->kind != MDEV_SIM && p->kind != MDEV_CUDA)
         return strata_fail(STRATA_ERR_NO_DEVICE, "device kind %d is not available in this build", p->kind);
     if (p->n_slots < 1 || p->slot_bytes == 0)
         return strata_fail(STRATA_ERR_INVALID_ARG, "sim device: needs at least one slot");
+    cudev *cu = NULL;
+#if STRATA_HAVE_CUDA
+    if (p->kind == MDEV_CUDA) {
+        strata_status crc = cudev_create(p->n_slots, p->slot_bytes, &cu);
+        if (crc) return crc;
+    }
+#endif
     mdev *d = calloc(1, sizeof *d);
-    if (!d) return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory");
+    if (!d) {
+#if STRATA_HAVE_CUDA
+        cudev_free(cu);
+#endif
+        return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory");
+    }
     d->p = *p;
-    d->mem = malloc((size_t)p->n_slots * p->slot_bytes);
+    d->cu = cu;
+    d->mem = cu ? malloc(1) : malloc((size_t)p->n_slots * p->slot_bytes);
     for (int w = 0; w < 2; w++) {
         d->eng[w].cap = 256;
         d->eng[w].q = malloc((size_t)d->eng[w].cap * sizeof(sim_op));
         atomic_store(&d->eng[w].done, 0);
     }
     if (!d->mem || !d->eng[0].q || !d->eng[1].q) {
-        free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
+        cu_release(d->cu); free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
         return strata_fail(STRATA_ERR_NOMEM, "sim device: no memory for %d slots of %zu bytes", p->n_slots, p->slot_bytes);
     }
     pthread_mutex_init(&d->mu, NULL);
@@ -248,7 +298,7 @@ strata_status mdev_create(const mdev_params *p, mdev **out) {
             }
             pthread_mutex_destroy(&d->mu);
             pthread_cond_destroy(&d->cv);
-            free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
+            cu_release(d->cu); free(d->mem); free(d->eng[0].q); free(d->eng[1].q); free(d);
             return strata_fail(STRATA_ERR_INTERNAL, "sim device: cannot start its threads");
         }
     }
@@ -279,6 +329,7 @@ void mdev_free(mdev *d) {
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d->log);
+    cu_release(d->cu);
     free(d->mem);
     free(d);
 }
@@ -365,6 +416,12 @@ uint64_t mdev_cancel(mdev *d) {
 }
 
 double mdev_probe(mdev *d, size_t bytes, int reps) {
+#if STRATA_HAVE_CUDA
+    if (d->cu) {   /* pinned host -> device DMA, timed with events (no other copy is queued at create) */
+        mdev_wait_copy(d, d->eng[0].submitted);
+        return cudev_probe(d->cu, bytes, reps);
+    }
+#endif
     /* copies of one slot, repeated to at least `bytes` per pass */
     const size_t piece = d->p.slot_bytes;
     int per_pass = (int)((bytes + piece - 1) / piece);

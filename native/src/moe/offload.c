@@ -15,6 +15,7 @@
  *                  round every adjust_interval windows (copies queued now, published later), unlock.
  */
 #include "moe/offload.h"
+#include "moe/device_cuda.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -133,9 +134,8 @@ strata_status off_create(strata_model *m) {
         const char *why = NULL;
         if (strata_cuda_device_count(&why) <= 0)
             return strata_fail(STRATA_ERR_NO_DEVICE, "device cuda: %s; use --device cpu or sim", why ? why : "no GPU");
-        return strata_fail(STRATA_ERR_UNSUPPORTED, "device cuda: the CUDA expert kernels are not built yet; use --device sim or cpu");
     }
-    if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_SIM)
+    if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_SIM && p->device != STRATA_DEVICE_CUDA)
         return strata_fail(STRATA_ERR_INVALID_ARG, "device %d: use 0 cpu, 1 sim, 2 cuda", p->device);
     mdl_offload *o = calloc(1, sizeof *o);
     if (!o) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
@@ -158,12 +158,18 @@ strata_status off_create(strata_model *m) {
         s->down_bytes = l->exp_down.mat_bytes;
         if (blob_bytes(s) > o->slot_bytes) o->slot_bytes = blob_bytes(s);
         routed_bytes += (uint64_t)blob_bytes(s) * (uint64_t)hp->n_expert;
+#if STRATA_HAVE_CUDA
+        if (p->device == STRATA_DEVICE_CUDA && !cudev_supports(s))
+            return strata_fail(STRATA_ERR_UNSUPPORTED, "device cuda: layer %d's expert types (%s, %s) have no CUDA kernel; "
+                               "use --device sim or cpu", il, s->tg->name, s->td->name);
+#endif
     }
     const int64_t total_experts = (int64_t)hp->n_layer * hp->n_expert;
-    int64_t n_cache = p->device == STRATA_DEVICE_SIM ? (int64_t)(p->cache_bytes / o->slot_bytes) : 0;
+    const int on_device = p->device == STRATA_DEVICE_SIM || p->device == STRATA_DEVICE_CUDA;
+    int64_t n_cache = on_device ? (int64_t)(p->cache_bytes / o->slot_bytes) : 0;
     if (n_cache > total_experts) n_cache = total_experts;
     o->n_cache_slots = (int32_t)n_cache;
-    o->n_staging = p->device == STRATA_DEVICE_SIM ? (p->n_staging > 0 ? p->n_staging : 4) : 0;
+    o->n_staging = on_device ? (p->n_staging > 0 ? p->n_staging : 4) : 0;
     o->adjust_interval = p->adjust_interval > 0 ? p->adjust_interval : 32;
     o->stream_min = p->prefill_stream_min > 0 ? p->prefill_stream_min : 1024;
     const double covered = routed_bytes ? (double)n_cache * (double)o->slot_bytes / (double)routed_bytes : 0.0;
@@ -176,8 +182,8 @@ strata_status off_create(strata_model *m) {
         o->tail_skip = 0;
         o->tail_skip_why = "off (the model routes to fewer experts than the skip rank)";
     }
-    if (p->device == STRATA_DEVICE_SIM) {
-        mdev_params dp = {.kind = MDEV_SIM, .n_slots = o->n_cache_slots + o->n_staging, .slot_bytes = o->slot_bytes,
+    if (on_device) {
+        mdev_params dp = {.kind = p->device == STRATA_DEVICE_CUDA ? MDEV_CUDA : MDEV_SIM, .n_slots = o->n_cache_slots + o->n_staging, .slot_bytes = o->slot_bytes,
                           .link_gbps = p->sim_link_gbps > 0 ? p->sim_link_gbps : 16.0, .isa = m->isa};
         strata_status rc = mdev_create(&dp, &o->dev);
         if (rc) return rc;

@@ -1,0 +1,85 @@
+// cuda_blocks_check.cu — the block decoders of kernels/cuda/blocks.cuh run as host code (and, with
+// --gpu, as device code), for tests/test_cuda.py to compare with the library's C dequantizers.
+//
+//   cuda_blocks_check dq TYPE N [--gpu]   stdin: the blocks of N values; stdout: N float32
+//   cuda_blocks_check dot TYPE ACT R K    stdin: R rows of K values, then K float32 activations;
+//                                         stdout: R float32, sum_k w[r,k] * act_quant(x)[k]
+//                                         (the kernels' arithmetic, summed serially)
+// Build: nvcc -I native/src -I <dir of quant_tables.h> -o cuda_blocks_check cuda_blocks_check.cu
+#define STRATA_BLOCKS_DEVICE_TABLES 1
+#include "kernels/cuda/blocks.cuh"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+static std::vector<unsigned char> read_all(FILE *f) {
+    std::vector<unsigned char> v;
+    unsigned char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) v.insert(v.end(), buf, buf + n);
+    return v;
+}
+
+__global__ void k_decode(int type, const uint8_t *row, int64_t n, float *out) {
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) out[k] = blk_value(type, row, k);
+}
+
+static int decode_gpu(int type, const std::vector<unsigned char> &in, int64_t n, float *out) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) { fprintf(stderr, "no GPU\n"); return 2; }
+    if (blk_tables_upload() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
+    uint8_t *d_in = NULL;
+    float *d_out = NULL;
+    if (cudaMalloc((void **)&d_in, in.size() + 1) || cudaMalloc((void **)&d_out, (size_t)n * 4)) return 1;
+    cudaMemcpy(d_in, in.data(), in.size(), cudaMemcpyHostToDevice);
+    k_decode<<<(unsigned)((n + 255) / 256), 256>>>(type, d_in, n, d_out);
+    cudaError_t e = cudaMemcpy(out, d_out, (size_t)n * 4, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) { fprintf(stderr, "cuda: %s\n", cudaGetErrorString(e)); return 1; }
+    cudaFree(d_in);
+    cudaFree(d_out);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) { fprintf(stderr, "usage: see the header\n"); return 2; }
+    const int type = atoi(argv[2]);
+    if (!blk_supported(type)) { fprintf(stderr, "type %d not supported\n", type); return 3; }
+    std::vector<unsigned char> in = read_all(stdin);
+    if (!strcmp(argv[1], "dq")) {
+        const int64_t n = atoll(argv[3]);
+        const size_t need = (size_t)(n / blk_size(type)) * (size_t)blk_bytes(type);
+        if (n % blk_size(type) || in.size() != need) { fprintf(stderr, "want %zu bytes, got %zu\n", need, in.size()); return 2; }
+        std::vector<float> out((size_t)n);
+        if (argc > 4 && !strcmp(argv[4], "--gpu")) {
+            const int rc = decode_gpu(type, in, n, out.data());
+            if (rc) return rc;
+        } else {
+            for (int64_t k = 0; k < n; k++) out[(size_t)k] = blk_value(type, in.data(), k);
+        }
+        fwrite(out.data(), 4, out.size(), stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "dot") && argc >= 6) {
+        const int act = atoi(argv[3]);
+        const int64_t R = atoll(argv[4]), K = atoll(argv[5]);
+        const size_t row_bytes = (size_t)(K / blk_size(type)) * (size_t)blk_bytes(type);
+        if (K % blk_size(type) || in.size() != R * row_bytes + 4 * (size_t)K) { fprintf(stderr, "bad input size\n"); return 2; }
+        std::vector<float> x((size_t)K);
+        memcpy(x.data(), in.data() + R * row_bytes, 4 * (size_t)K);
+        blk_act_fake_quant(x.data(), K, act);
+        std::vector<float> y((size_t)R);
+        for (int64_t r = 0; r < R; r++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc += blk_value(type, in.data() + r * row_bytes, k) * x[(size_t)k];
+            y[(size_t)r] = acc;
+        }
+        fwrite(y.data(), 4, y.size(), stdout);
+        return 0;
+    }
+    fprintf(stderr, "unknown mode %s\n", argv[1]);
+    return 2;
+}

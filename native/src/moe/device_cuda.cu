@@ -136,13 +136,11 @@ extern "C" void cudev_free(cudev *c) {
 
 extern "C" strata_status cudev_copy(cudev *c, int32_t slot, const void *const src[3], const size_t bytes[3]) {
     cudaSetDevice(c->dev);
-    size_t total = 0;
-    for (int k = 0; k < 3; k++) {
-        if (bytes[k]) memcpy((char *)c->staging + total, src[k], bytes[k]);
-        total += bytes[k];
-    }
+    const size_t total = bytes[0] + bytes[1] + bytes[2];
     if (total > c->slot_bytes || slot < 0 || slot >= c->n_slots)
         return strata_fail(STRATA_ERR_INTERNAL, "cuda device: copy of %zu bytes into slot %d does not fit", total, slot);
+    for (size_t k = 0, at = 0; k < 3; at += bytes[k], k++)
+        if (bytes[k]) memcpy((char *)c->staging + at, src[k], bytes[k]);
     cudaError_t e = cudaMemcpyAsync(c->dmem + (size_t)slot * c->slot_bytes, c->staging, total,
                                     cudaMemcpyHostToDevice, c->s_copy);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->s_copy);

@@ -60,6 +60,16 @@ BLK_FN float blk_bits_f32(uint32_t b) {
 #endif
 }
 
+/* A product that is never fused with the add that follows (nvcc contracts a*b+c into an FMA by
+ * default; the C reference is built with -ffp-contract=off and rounds twice). */
+BLK_FN float blk_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
 BLK_FN uint32_t blk_u16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
 
 /* IEEE half -> float, exact for every input (as strata_fp16_to_fp32). */
@@ -126,7 +136,7 @@ BLK_FN float blk_q5_1(const uint8_t *b, int i) {
     const uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
     const uint32_t lo = i < 16 ? (b[8 + i] & 0x0fu) : (b[8 + i - 16] >> 4);
     const uint32_t q = lo | (((qh >> i) & 1u) << 4);
-    const float p = d * (float)q;   /* two roundings, as the C reference (no fused multiply-add) */
+    const float p = blk_mul(d, (float)q);   /* two roundings, as the C reference (no fused multiply-add) */
     return p + m;
 }
 
@@ -158,8 +168,8 @@ BLK_FN float blk_q4_k(const uint8_t *b, int i) {
     else { sc = (s[8 + j - 4] & 0x0fu) | ((s[j - 4] >> 2) & 0x30u); m = (s[8 + j - 4] >> 4) | ((s[j] >> 2) & 0x30u); }
     const int c = i / 64, h = (i / 32) % 2, k = i % 32;
     const uint32_t q = (qs[32 * c + k] >> (4 * h)) & 0x0fu;
-    const float dl = blk_f16(blk_u16(b)) * (float)sc, ml = blk_f16(blk_u16(b + 2)) * (float)m;
-    const float p = dl * (float)q;
+    const float dl = blk_f16(blk_u16(b)) * (float)sc, ml = blk_mul(blk_f16(blk_u16(b + 2)), (float)m);
+    const float p = blk_mul(dl, (float)q);
     return p - ml;
 }
 

@@ -10,7 +10,8 @@
 #   5. a short benchmark: --device cuda vs --device cpu on small q4_k_m (prefill + decode tokens/s)
 #   6. a summary; exit status 1 if any step failed.
 #
-# Environment: DEVICE_CHECK_DRY=1 skips the GPU steps (nvidia-smi, the GPU tests, the benchmark's cuda
+# Environment: $OUT (the `run` tool's result folder), when set, receives the step logs and the summary.
+# DEVICE_CHECK_DRY=1 skips the GPU steps (nvidia-smi, the GPU tests, the benchmark's cuda
 # run) so the build and model steps can be tried on a machine without a GPU; DEVICE_CHECK_DIR (default
 # /tmp/device_check) holds the build and the models; DEVICE_CHECK_ARCH overrides the architecture.
 set -euo pipefail
@@ -137,7 +138,12 @@ else
 fi
 
 # ------------------------------------------------------------------ 6. summary
-echo
-echo "=== device_check summary (arch $ARCH, $(( $(date +%s) - T_START ))s, logs in $DIR)"
-printf '  %s\n' "${SUMMARY[@]}"
+{
+  echo
+  echo "=== device_check summary (arch $ARCH, $(( $(date +%s) - T_START ))s, logs in $DIR)"
+  printf '  %s\n' "${SUMMARY[@]}"
+} | tee "$DIR/summary.txt"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  cp "$DIR"/*.log "$DIR/summary.txt" "$OUT"/ 2>/dev/null || true
+fi
 exit $FAILED

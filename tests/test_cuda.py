@@ -8,7 +8,7 @@ Without a GPU (here and in CI, wherever nvcc exists):
   then sum of w * x') is within float rounding of strata_matmul;
 - `--device cuda` fails with a message (no GPU / not built with CUDA), never a crash.
 With a GPU (skipped otherwise; tools/device_check.sh runs them):
-- the decoders on the device equal the host's, bit for bit;
+- the decoders on the device equal the host's, bit for bit; the matrix kernels match strata_matmul;
 - cuda and cpu give the same tokens and logits (<= 1e-3) over greedy steps on `tiny` in every recipe and
   on `small` quantized q4_k_m / iq2_xs (so Q8_0, Q5_1, Q4_K, IQ2_XS, IQ4_NL and NVFP4 experts run),
   the cache hits, the event log orders copies before the computations that read them, the link probe
@@ -164,6 +164,24 @@ def test_device_decoders_equal_the_host(checker, name):
     host = _run(checker, ["dq", TYPES[name][0], n], data)
     dev = _run(checker, ["dq", TYPES[name][0], n, "--gpu"], data)
     assert _same_bits(host, dev), f"{name}: device decode differs from host decode"
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(TYPES))
+def test_device_kernels_match_strata_matmul(checker, name):
+    """k_act_quant + k_matvec on the GPU, 3 activation rows, against the CPU's matmul."""
+    rng = np.random.default_rng(200 + TYPES[name][0])
+    tid, bs, _, _, act = TYPES[name]
+    R, NT = 37, 3
+    K = 640 if bs == 32 else (bs * 3 if bs > 1 else 96)
+    w = random_blocks(name, R * K // bs, rng, sane=True)
+    x = rng.standard_normal((NT, K)).astype(np.float32)
+    got = _run(checker, ["dot", tid, act, R, K, NT, "--gpu"], w + x.tobytes()).reshape(NT, R)
+    want = quant.matmul(name, w, R, K, x, isa="scalar")
+    wf = quant.dequantize(name, w, R * K, isa="scalar").reshape(R, K).astype(np.float64)
+    scale = np.abs(x.astype(np.float64)) @ np.abs(wf).T + 1e-30
+    err = np.abs(got.astype(np.float64) - want) / scale
+    assert err.max() <= 1e-5, f"{name}: relative error {err.max():.3g}"
 
 
 def _greedy(model, prompt, steps):

@@ -2,12 +2,16 @@
 // --gpu, as device code), for tests/test_cuda.py to compare with the library's C dequantizers.
 //
 //   cuda_blocks_check dq TYPE N [--gpu]   stdin: the blocks of N values; stdout: N float32
-//   cuda_blocks_check dot TYPE ACT R K    stdin: R rows of K values, then K float32 activations;
-//                                         stdout: R float32, sum_k w[r,k] * act_quant(x)[k]
-//                                         (the kernels' arithmetic, summed serially)
+//   cuda_blocks_check dot TYPE ACT R K [NT] [--gpu]
+//                                         stdin: R rows of K values, then NT (default 1) rows of K
+//                                         float32 activations; stdout: NT x R float32,
+//                                         sum_k w[r,k] * act_quant(x_t)[k]: the kernels' arithmetic
+//                                         summed serially, or (--gpu) the kernels themselves
+//                                         (k_act_quant + k_matvec of kernels/cuda/expert_kernels.cuh)
 // Build: nvcc -I native/src -I <dir of quant_tables.h> -o cuda_blocks_check cuda_blocks_check.cu
 #define STRATA_BLOCKS_DEVICE_TABLES 1
 #include "kernels/cuda/blocks.cuh"
+#include "kernels/cuda/expert_kernels.cuh"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -66,16 +70,46 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "dot") && argc >= 6) {
         const int act = atoi(argv[3]);
         const int64_t R = atoll(argv[4]), K = atoll(argv[5]);
+        const int64_t NT = argc > 6 && strcmp(argv[6], "--gpu") ? atoll(argv[6]) : 1;
+        const bool gpu = !strcmp(argv[argc - 1], "--gpu");
         const size_t row_bytes = (size_t)(K / blk_size(type)) * (size_t)blk_bytes(type);
-        if (K % blk_size(type) || in.size() != R * row_bytes + 4 * (size_t)K) { fprintf(stderr, "bad input size\n"); return 2; }
-        std::vector<float> x((size_t)K);
-        memcpy(x.data(), in.data() + R * row_bytes, 4 * (size_t)K);
-        blk_act_fake_quant(x.data(), K, act);
-        std::vector<float> y((size_t)R);
-        for (int64_t r = 0; r < R; r++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += blk_value(type, in.data() + r * row_bytes, k) * x[(size_t)k];
-            y[(size_t)r] = acc;
+        if (K % blk_size(type) || NT < 1 || in.size() != R * row_bytes + 4 * (size_t)(NT * K)) {
+            fprintf(stderr, "bad input size\n");
+            return 2;
+        }
+        std::vector<float> x((size_t)(NT * K));
+        memcpy(x.data(), in.data() + R * row_bytes, 4 * x.size());
+        std::vector<float> y((size_t)(NT * R));
+        if (gpu) {
+            int ndev = 0;
+            if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) { fprintf(stderr, "no GPU\n"); return 2; }
+            if (blk_tables_upload() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
+            uint8_t *dw = NULL;
+            float *dx = NULL, *dy = NULL;
+            if (cudaMalloc((void **)&dw, R * row_bytes) || cudaMalloc((void **)&dx, 4 * x.size()) ||
+                cudaMalloc((void **)&dy, 4 * y.size()))
+                return 1;
+            cudaMemcpy(dw, in.data(), R * row_bytes, cudaMemcpyHostToDevice);
+            cudaMemcpy(dx, x.data(), 4 * x.size(), cudaMemcpyHostToDevice);
+            const int bs = blk_act_block(act);
+            if (bs > 1) {
+                const int64_t nb = NT * K / bs;
+                k_act_quant<<<(unsigned)((nb + 127) / 128), 128>>>(dx, nb, act);
+            }
+            dim3 grid((unsigned)((R + 7) / 8), (unsigned)NT);
+            k_matvec<<<grid, 256>>>(type, dw, row_bytes, R, K, dx, NT, dy);
+            cudaError_t e = cudaMemcpy(y.data(), dy, 4 * y.size(), cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) { fprintf(stderr, "cuda: %s\n", cudaGetErrorString(e)); return 1; }
+        } else {
+            for (int64_t t = 0; t < NT; t++) {
+                float *xt = x.data() + t * K;
+                blk_act_fake_quant(xt, K, act);
+                for (int64_t r = 0; r < R; r++) {
+                    float acc = 0.0f;
+                    for (int64_t k = 0; k < K; k++) acc += blk_value(type, in.data() + r * row_bytes, k) * xt[k];
+                    y[(size_t)(t * R + r)] = acc;
+                }
+            }
         }
         fwrite(y.data(), 4, y.size(), stdout);
         return 0;

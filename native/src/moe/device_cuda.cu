@@ -66,6 +66,21 @@ extern "C" strata_status cudev_create(int32_t n_slots, size_t slot_bytes, cudev 
     c->slot_bytes = slot_bytes;
     strata_status rc = STRATA_OK;
     if ((e = cudaSetDevice(c->dev))) { rc = cu_fail(e, "cudaSetDevice"); goto fail; }
+    {   // a GPU this library has no code for (its architecture not in CMAKE_CUDA_ARCHITECTURES, no PTX
+        // to JIT from) would fail every launch: refuse here rather than compute zeros later
+        cudaFuncAttributes fa;
+        if ((e = cudaFuncGetAttributes(&fa, k_matvec))) {
+            cudaDeviceProp prop;
+            const int have_prop = cudaGetDeviceProperties(&prop, c->dev) == cudaSuccess;
+            (void)cudaGetLastError();
+            rc = strata_fail(STRATA_ERR_NO_DEVICE,
+                             "cuda device: no kernel image for this GPU (compute capability %d.%d: %s); rebuild with "
+                             "STRATA_CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=%d%d",
+                             have_prop ? prop.major : 0, have_prop ? prop.minor : 0, cudaGetErrorString(e),
+                             have_prop ? prop.major : 0, have_prop ? prop.minor : 0);
+            goto fail;
+        }
+    }
     if ((e = blk_tables_upload())) { rc = cu_fail(e, "uploading the block tables"); goto fail; }
     if ((e = cudaMalloc((void **)&c->dmem, (size_t)n_slots * slot_bytes))) {
         rc = strata_fail(STRATA_ERR_NOMEM, "cuda device: cannot allocate %d slots of %zu bytes (%s)", n_slots,

@@ -28,6 +28,8 @@ extern "C" {
 #include <string.h>
 #include <time.h>
 
+#include <mutex>
+
 struct cudev {
     int dev;
     int32_t n_slots;
@@ -45,6 +47,18 @@ static strata_status cu_fail(cudaError_t e, const char *what) {
 }
 
 // ------------------------------------------------------------------------------------ host side
+
+// The __constant__ tables are the same for every device object: written once per process (a second
+// model's create must not rewrite them under the first one's running kernels).
+static cudaError_t upload_tables_once(void) {
+    static std::mutex mu;
+    static bool done = false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return cudaSuccess;
+    const cudaError_t e = blk_tables_upload();
+    done = e == cudaSuccess;
+    return e;
+}
 
 extern "C" int cudev_supports(const mdev_expert_shape *s) {
     return blk_supported(s->tg->type) && (!s->tu || blk_supported(s->tu->type)) && blk_supported(s->td->type);
@@ -81,7 +95,7 @@ extern "C" strata_status cudev_create(int32_t n_slots, size_t slot_bytes, cudev 
             goto fail;
         }
     }
-    if ((e = blk_tables_upload())) { rc = cu_fail(e, "uploading the block tables"); goto fail; }
+    if ((e = upload_tables_once())) { rc = cu_fail(e, "uploading the block tables"); goto fail; }
     if ((e = cudaMalloc((void **)&c->dmem, (size_t)n_slots * slot_bytes))) {
         rc = strata_fail(STRATA_ERR_NOMEM, "cuda device: cannot allocate %d slots of %zu bytes (%s)", n_slots,
                          slot_bytes, cudaGetErrorString(e));

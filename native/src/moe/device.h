@@ -3,8 +3,9 @@
  * blobs, an ordered queue of copies into slots and of expert computations that read them.
  *
  * Implementations: `sim` (device_sim.c: host memory, one device thread, a copy engine limited to
- * a configured GB/s — every scheduling path runs without a GPU) and `cuda` (device_cuda.cu, when
- * built with CUDA and a GPU is present). The `cpu` device is no device at all: the scheduler then
+ * a configured GB/s — every scheduling path runs without a GPU) and `cuda` (when built with CUDA and
+ * a GPU is present: device_sim.c's engine threads, queues and event log, with the work done on the
+ * GPU by device_cuda.cu — slots in device memory, a copy and a compute stream; device_cuda.h). The `cpu` device is no device at all: the scheduler then
  * runs every expert on the ExpertPool.
  *
  * Ordering protocol (one submitting thread: the model thread). The device has two engines, as a

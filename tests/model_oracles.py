@@ -276,3 +276,17 @@ def dequantized_copy(src: Path, dst: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def greedy_run(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """A fresh session of `model`: the prompt in one eval, then `steps` argmax tokens one at a time.
+    Returns (the tokens, the logits rows: after the prompt and after each token)."""
+    s = model.session()
+    logits = s.eval(prompt)
+    toks, rows = [], [logits]
+    for _ in range(steps):
+        t = int(np.argmax(logits))
+        toks.append(t)
+        logits = s.eval([t])
+        rows.append(logits)
+    return toks, np.array(rows)

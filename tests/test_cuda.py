@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model_oracles import greedy_run as _greedy
 from pyrunner import quant
 from pyrunner._native import StrataError, ffi, lib
 
@@ -184,18 +185,6 @@ def test_device_kernels_match_strata_matmul(checker, name):
     assert err.max() <= 1e-5, f"{name}: relative error {err.max():.3g}"
 
 
-def _greedy(model, prompt, steps):
-    s = model.session()
-    logits = s.eval(prompt)
-    toks, rows = [], [logits]
-    for _ in range(steps):
-        t = int(np.argmax(logits))
-        toks.append(t)
-        logits = s.eval([t])
-        rows.append(logits)
-    return toks, np.array(rows)
-
-
 MODEL_CASES = [("tiny", "q8_0"), ("tiny", "q4_k_m"), ("tiny", "iq2_xs"), ("tiny", "nvfp4"),
                ("small", "q4_k_m"), ("small", "iq2_xs"), ("small", "nvfp4")]
 
@@ -234,7 +223,7 @@ def _check_device(path: str, device: str, tmp_path: Path) -> None:
     m.device_events(log)
     st = m.offload_stats()
     err = np.abs(got - want).max()
-    assert err <= 1e-3, f"{preset}/{recipe}: logits differ by {err:.3g}"
+    assert err <= 1e-3, f"{path} on {device}: logits differ by {err:.3g}"
     assert got_toks == want_toks
     assert st["cache_hits"] > 0
     assert st["probe_gbps"] > 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from model_oracles import greedy_run
 from pyrunner import models
 from pyrunner.model import Model
 
@@ -31,15 +32,7 @@ def tiny(tmp_path_factory) -> str:
 
 
 def _greedy(model: Model, prompt, steps: int = N_STEPS):
-    s = model.session()
-    logits = s.eval(prompt)
-    toks, rows = [], [logits]
-    for _ in range(steps):
-        t = int(np.argmax(logits))
-        toks.append(t)
-        logits = s.eval([t])
-        rows.append(logits)
-    return toks, np.array(rows)
+    return greedy_run(model, prompt, steps)
 
 
 def _routed_bytes(path: str) -> int:

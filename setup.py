@@ -1,6 +1,6 @@
 """setup.py — drives CMake for native/ and places libstrata.so (and strata.h, which the
-binding reads, and the models/ presets, from which pyrunner.models builds the default model) inside
-the pyrunner package. Everything else is in pyproject.toml.
+binding reads, the models/ presets, from which pyrunner.models builds the demo model, and the shipped
+trained model of models/flash-small/) inside the pyrunner package. Everything else is in pyproject.toml.
 
 Extra CMake arguments: STRATA_CMAKE_ARGS="-DSTRATA_CUDA=OFF ..." in the environment.
 """
@@ -42,6 +42,12 @@ class CMakeBuild(build_ext):
             (dest.parent / "presets").mkdir(exist_ok=True)
             for preset in (ROOT / "models").glob("*.json"):
                 shutil.copyfile(preset, dest.parent / "presets" / preset.name)
+            # the shipped trained model (the default of generate / chat); an editable install reads the
+            # checkout's models/flash-small/ instead of a copy in the source tree
+            if dest.parent.resolve() != (ROOT / "pyrunner").resolve():
+                (dest.parent / "flash-small").mkdir(exist_ok=True)
+                for f in (ROOT / "models" / "flash-small").glob("*.gguf"):
+                    shutil.copyfile(f, dest.parent / "flash-small" / f.name)
 
 
 setup(ext_modules=[Extension("pyrunner.libstrata", sources=[])], cmdclass={"build_ext": CMakeBuild})

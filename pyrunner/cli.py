@@ -294,7 +294,7 @@ def _engine_options(f):
     passed, so pyrunner.Model's own default applies."""
     opts = [
         click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="The GGUF model file (default: the built-in random-weight demo model)."),
+                     help="The GGUF model file (default: the shipped flash-small model, models/flash-small/)."),
         click.option("--threads", type=int, default=None, help="CPU threads (default: one per core)."),
         click.option("--n-ctx", "n_ctx", type=int, default=None, help="Context length in tokens [default: 32768]."),
         click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default=None,
@@ -337,10 +337,10 @@ def _with_env(cmd: click.Command) -> click.Command:
 
 
 def _open_model(kwargs: dict):
-    """pyrunner.Model from the popped -m / engine flags; with no -m, the demo model (built on first use)."""
+    """pyrunner.Model from the popped -m / engine flags; with no -m, the default model (models.default_model)."""
     from .model import Model
     from ._native import StrataError
-    from .models import DEMO_NOTICE, MakeModelError, default_model
+    from .models import MakeModelError, default_model
 
     path = kwargs.pop("model_path")
     trace = kwargs.pop("trace_routing", None)
@@ -351,8 +351,8 @@ def _open_model(kwargs: dict):
         kwargs.pop(k, None)
     try:
         if path is None:
-            path = default_model(log=lambda s: click.echo(s, err=True))
-            click.echo(DEMO_NOTICE.format(path=path), err=True)
+            path, notice = default_model(log=lambda s: click.echo(s, err=True))
+            click.echo(notice, err=True)
         model = Model(path, **engine)
         if model.device != "cpu" or model.offload_stats()["tail_skip"]:
             click.echo(model.offload_log, err=True)          # DESIGN §7: the start-up log

@@ -27,11 +27,13 @@ Recipes: f32 keeps every tensor F32; q8_0, q4_k_m, iq2_xs and nvfp4 are `strata 
 ffn_down_exps rows to IQ4_NL under iq2_xs), so a file made here has the types that quantizing the f32 file
 would give it.
 
-The default model (`default_model()`): the `small` preset at DEFAULT_RECIPE, seed 0, built on first use
-into $XDG_CACHE_HOME/strata (default ~/.cache/strata) under a name that carries a hash of the preset and
-of the code that generates it (so a changed recipe is rebuilt, never mistaken for the old file), written
-to a temp name and renamed (two processes building at once both succeed; neither sees a partial file).
-Its weights are random: it exercises the whole engine, and its text is gibberish.
+The default model (`default_model()`) is the trained one shipped in models/flash-small/ (issue 8;
+tools/flash_small.py made it from tools/train.py's run; setup.py puts a copy in the installed package).
+Without it, the random demo model (`demo_model()`): the `small` preset at DEFAULT_RECIPE, seed 0, built on
+first use into $XDG_CACHE_HOME/strata (default ~/.cache/strata) under a name that carries a hash of the
+preset and of the code that generates it (so a changed recipe is rebuilt, never mistaken for the old file),
+written to a temp name and renamed (two processes building at once both succeed; neither sees a partial
+file). Its weights are random: it exercises the whole engine, and its text is gibberish.
 """
 from __future__ import annotations
 
@@ -561,6 +563,12 @@ DEFAULT_SEED = 0
 DEMO_NOTICE = ("strata: no -m given, so this runs the built-in demo model ({path}): the `small` preset with "
                "RANDOM weights, which exercises the engine but writes gibberish. Pass -m MODEL.gguf (or set "
                "STRATA_MODEL) to run a real model.")
+SHIPPED_DIR = "flash-small"
+SHIPPED_FILE = "flash-small-q8_0.gguf"
+SHIPPED_NOTICE = ("strata: no -m given, so this runs the built-in model ({path}): flash-small, a 28M-parameter "
+                  "qwen4exp trained here on Python's standard library and Vim's Chinese tutor (models/flash-small/"
+                  "README.md); it continues Python source, and little else. Pass -m MODEL.gguf (or set "
+                  "STRATA_MODEL) to run another model.")
 
 
 def cache_dir() -> str:
@@ -579,17 +587,37 @@ def _recipe_key(preset: str, recipe: str, seed: int) -> str:
     return h.hexdigest()[:12]
 
 
-def default_model_path() -> str:
+def demo_model_path() -> str:
     """Where the default model is (or will be) in the cache; nothing is built."""
     key = _recipe_key(DEFAULT_PRESET, DEFAULT_RECIPE, DEFAULT_SEED)
     return os.path.join(cache_dir(), f"strata-{DEFAULT_PRESET}-{DEFAULT_RECIPE}-{key}.gguf")
 
 
-def default_model(log=None) -> str:
-    """The default model's path, built first if the cache does not have it. `log(msg)` hears about a
+def shipped_model_path(name: str = SHIPPED_FILE) -> str | None:
+    """A file of the trained model shipped with Strata: the checkout's models/flash-small/ when running
+    from a source tree, else the copy setup.py placed in the package; None when neither has it."""
+    for folder in (os.path.join(os.path.dirname(_PKG), "models", SHIPPED_DIR), os.path.join(_PKG, SHIPPED_DIR)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def default_model(log=None) -> tuple[str, str]:
+    """(path, notice) of the model that runs when no -m is given: the shipped trained model, else the
+    random demo model (demo_model(), built on first use); the notice says which, for stderr."""
+    shipped = shipped_model_path()
+    if shipped is not None:
+        return shipped, SHIPPED_NOTICE.format(path=shipped)
+    path = demo_model(log)
+    return path, DEMO_NOTICE.format(path=path)
+
+
+def demo_model(log=None) -> str:
+    """The random demo model's path, built first if the cache does not have it. `log(msg)` hears about a
     build. The file is written under a temp name in the same folder and renamed into place, so a
     killed build leaves no file that looks finished, and concurrent builds do not collide."""
-    path = default_model_path()
+    path = demo_model_path()
     if os.path.isfile(path):
         return path
     folder = os.path.dirname(path)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from pyrunner.cli import main
 from pyrunner.generate import STATS_KEYS, ChatTurn, chat_prompt_ids, end_of_generation_ids, generate
 from pyrunner.model import Model
-from pyrunner.models import default_model_path, make_model
+from pyrunner.models import demo_model_path, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -136,14 +136,16 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(tiny_path, model):
     assert " (stopped)\n" in text and text.rstrip("\n").endswith("(no answer yet)")
 
 
-def test_default_model_is_built_once_into_the_cache_and_says_what_it_is(tmp_path):
+def test_demo_model_is_built_once_into_the_cache_and_says_what_it_is(tmp_path, monkeypatch):
+    # without the shipped trained model (tests/test_flash_small.py), the default is the random demo model
+    monkeypatch.setattr("pyrunner.models.shipped_model_path", lambda name=None: None)
     env = {"XDG_CACHE_HOME": str(tmp_path), "STRATA_MODEL": None}
     r = CliRunner().invoke(main, ["generate", "hello", "-n", "3", "--temp", "0", "--json", "--n-ctx", "256"], env=env)
     assert r.exit_code == 0, r.output
     assert "building the demo model" in r.stderr and "RANDOM weights" in r.stderr
     os.environ["XDG_CACHE_HOME"] = str(tmp_path)
     try:
-        path = Path(default_model_path())
+        path = Path(demo_model_path())
     finally:
         del os.environ["XDG_CACHE_HOME"]
     assert path.parent == tmp_path / "strata" and path.is_file()

@@ -130,3 +130,49 @@ def _trained_mtp(model, mtp, ck, ids):
     h1.remove()
     h2.remove()
     return want, cap["h"][0].numpy()
+
+
+def test_ship_and_measure_on_a_trained_run(corpus, tmp_path):
+    """tools/flash_small.py end to end on a few steps of the tiny config: export -> convert (MTP kept) ->
+    q8_0 / iq2_xs / nvfp4, the report, and every measurement of issue 8's point 5."""
+    run_dir, work, shipped = tmp_path / "run", tmp_path / "work", tmp_path / "shipped"
+    train(corpus, run_dir, "--stop-at-step", "4")
+    tool = ROOT / "tools" / "flash_small.py"
+    # ship runs train.py --export, which builds the model from its CONFIG: --train-config passes the tiny one
+    run(tool, "ship", corpus, run_dir, work, "--models", shipped, "--train-config", json.dumps(TINY))
+    for kind in ("f32", "q8_0", "iq2_xs", "nvfp4"):
+        assert (work / f"flash-small-{kind}.gguf").stat().st_size > 0
+    assert sorted(p.name for p in shipped.iterdir()) == ["flash-small-iq2_xs.gguf", "flash-small-q8_0.gguf",
+                                                         "heldout-sample.txt", "loss.png", "report.json",
+                                                         "sources.json"]
+    rep = json.loads((shipped / "report.json").read_text())
+    log = json.loads((run_dir / "log.json").read_text())
+    assert rep["steps"] == 4 and rep["tokens_seen"] == log["tokens"] and rep["heldout_ppl"] == round(log["evals"][-1][2], 3)
+    assert (shipped / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    out = tmp_path / "measure.json"
+    run(tool, "measure", corpus, work, "--json", out, "--seq", "48", "--windows", "3", "--threads", "1",
+        "--mtp-prompts", "2", "--mtp-prompt-len", "16", "--mtp-gen", "12", "--decode-len", "32",
+        "--decode-rows", "2", "--skip-ranks", "7,1", "--llama-prompts", "2", "--llama-tokens", "16")
+    res = json.loads(out.read_text())
+    ppl = res["perplexity"]
+    assert ppl["f32"]["tokens_scored"] == 3 * 47
+    # Strata's f32 is transformers' with the tie rule the model was trained with (to float rounding)
+    assert abs(ppl["f32"]["ppl"] / ppl["f32_transformers_tie_rule"]["ppl"] - 1) < 1e-4
+    assert abs(ppl["q8_0"]["ppl"] / ppl["f32"]["ppl"] - 1) < 0.02
+    lc = res["llama_cpp"]
+    assert lc["f32"]["max_abs_dlogit"] <= 1e-3 and lc["f32"]["top1_agreement"] == 1.0     # QSA does not bind
+    assert all(lc[k]["positions"] == 32 for k in ("q8_0", "iq2_xs", "nvfp4"))
+    for k in ("1", "2", "3"):
+        m = res["mtp"][k]
+        assert m["same_tokens_as_without"] and m["drafts_proposed"] > 0
+        assert 1.0 <= m["mean_accepted_len"] <= int(k) + 1
+    cache = res["cache"]
+    for pct in ("25%", "50%", "75%"):
+        row = cache[pct]
+        assert row["belady"] >= max(row["lru"], row["hotness"]) - 1e-12
+    assert cache["25%"]["belady"] <= cache["50%"]["belady"] <= cache["75%"]["belady"]
+    tail = res["tail_skip"]
+    assert tail["off_equals_cpu"]                      # the sim device with skip off is the CPU's output
+    assert tail["runs"]["7"]["skipped_experts"] == 0 and tail["runs"]["7"]["top1_agreement_vs_off"] == 1.0
+    assert tail["runs"]["1"]["skipped_experts"] > 0

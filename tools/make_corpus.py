@@ -4,7 +4,7 @@
     python tools/make_corpus.py OUT_DIR [--vocab 8192] [--heldout 0.02] [--seed 0]
 
 Sources (all on this machine, permissively licensed; recorded with their licences in OUT_DIR/sources.json
-and in models/flash-small.md):
+and in models/flash-small/sources.json):
   * the Python standard library's source (*.py under the running interpreter's stdlib; PSF-2.0), test
     suites included, site-packages excluded;
   * the Chinese translation of Vim's tutor (vimtutor zh_cn, /usr/share/vim/*/tutor/; the Vim licence,

@@ -103,18 +103,16 @@ def test_mtp_drafts_are_accepted(q8, sample_ids):
     assert prop > 0 and acc / prop > 0.3, (acc, prop)
 
 
-# Strata vs llama.cpp on the trained model's quantized files (16 held-out prompts of 64 tokens; QSA does not bind).
-# Measured (pytest -s): top-1 agreement q8_0 0.9941, iq2_xs 0.9922; on other held-out prompts (tools/flash_small.py
-# measure, models/flash-small/README.md) 0.9932, 0.9883, nvfp4 0.9980: issue 3 asks for 99 %, which iq2_xs can miss
-# (12 positions of 1024 there). On the same weights dequantized to F32 the two
-# engines agree at every position; each one's own int8 activation rounding moves its logits from that exact result
-# by the same median (q8_0 0.0087 Strata / 0.0088 llama.cpp, iq2_xs 0.0117 / 0.0120), each agrees with it at
-# 99.0-99.5 % top-1, and the two round differently (llama.cpp: q8_0 scales in fp16, q8_K blocks of 256 for the
-# K- and IQ-types), so they agree with each other less than with the exact result. Asserted: the exact path agrees,
-# Strata's rounding is no noisier than llama.cpp's, and agreement >= 98 %.
-LLAMA_TOP1_MIN = 0.98
-EXACT_TOP1_MIN = 0.985       # Strata(quantized) vs Strata(dequantized): measured 0.9951 (q8_0), 0.9912 (iq2_xs)
-NOISE_RATIO_MAX = 1.2        # median|Strata(q) - exact| / median|llama.cpp(q) - exact|: measured 0.95, 0.98
+# Strata vs llama.cpp on the trained model's quantized files (16 held-out prompts of 64 tokens; QSA does not bind):
+# issue 3's top-1 >= 99 %. On the same weights dequantized to F32 the two engines agree at every position; what is
+# left is int8 activation rounding: Strata's act_q8_32 blocks store their scale rounded to fp16 as ggml's q8_0
+# does (quant.h strata_act_d_q8_32), so with IQ4_NL / Q8_0 / ... weights both engines multiply the same integers.
+# Measured (pytest -s; tools/flash_small.py's other prompts): q8_0 0.9980 (0.9961), iq2_xs 1.0000 (0.9980), nvfp4
+# (0.9971); with fp32 scales it was 0.9941 (0.9932), 0.9922 (0.9883), (0.9980): iq2_xs missed the 99 %. Each
+# engine's own rounding moves its logits from the exact result by the same median (iq2_xs 0.0121 / 0.0120).
+LLAMA_TOP1_MIN = 0.99
+EXACT_TOP1_MIN = 0.985       # Strata(quantized) vs Strata(dequantized): measured 0.9932 (q8_0), 0.9932 (iq2_xs)
+NOISE_RATIO_MAX = 1.2        # median|Strata(q) - exact| / median|llama.cpp(q) - exact|: measured 1.00, 1.01
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "iq2_xs"])

@@ -11,7 +11,9 @@
     gate: llama.cpp hard-codes it).
 (c) quantized: a wider model (hidden 256, so that 256-value blocks fit) through `strata quantize` q8_0, nvfp4 and
     iq2_xs: the share of weights that got the target type, top-1 agreement and KL(transformers || Strata) against
-    transformers fp32 at documented thresholds, and top-1 agreement with llama.cpp on the same file >= 99 %.
+    transformers fp32 at documented thresholds, and top-1 agreement with llama.cpp on the same file (>= 96 % on
+    this random model's near-flat logits; the 99 % of issue 3 is asserted on the trained model,
+    tests/test_flash_small.py).
 (d) files made by llama.cpp's quantizer (Q8_0, Q4_K_M) load and run in Strata.
 """
 from __future__ import annotations
@@ -206,17 +208,18 @@ MAIN_SHARE_MIN = {"q8_0": 0.99, "nvfp4": 0.95, "iq2_xs": 0.60}     # of non-F32 
 TOP1_MIN = {"q8_0": 0.85, "nvfp4": 0.40, "iq2_xs": 0.22}
 KL_MEAN_MAX = {"q8_0": 1e-3, "nvfp4": 0.04, "iq2_xs": 0.09}
 KL_MAX_MAX = {"q8_0": 0.01, "nvfp4": 0.25, "iq2_xs": 0.25}
-# Strata vs llama.cpp on the same quantized file: top-1 agreement measured 0.971 (q8_0), 0.971 (nvfp4), 0.958
-# (iq2_xs), 0.971 / 0.967 on llama.cpp's own Q8_0 / Q4_K_M, NOT the 99 % issue 3 asks for. Why (measured, pytest -s
-# and scratch runs): on the same weights dequantized to F32 the two engines agree to < 1e-3 (top-1 1.000); each
-# engine's own int8-activation rounding moves its logits from that float result by a median 0.03-0.05 (max 0.13-0.26;
-# top-1 0.91-0.96 against itself), and the two round differently (llama.cpp keeps a block's activation scale in
-# fp16, Strata in fp32), so they differ by a median 0.025 (max 0.2). The tiny GDN amplifies it: Q8_0 on attn_qkv
-# alone moves logits by a median 0.035. So the test asserts what holds: identical results on the dequantized weights,
-# Strata's activation-rounding error no larger than 1.5x llama.cpp's, and top-1 agreement >= 0.93.
-LLAMA_TOP1_MIN = 0.93
+# Strata vs llama.cpp on the same quantized file: top-1 agreement measured 0.992 (q8_0), 0.979 (nvfp4), 0.992
+# (iq2_xs). On the same weights dequantized to F32 the two engines agree to < 1e-3 (top-1 1.000); what is left is
+# each engine's int8 activation rounding, which moves its logits from that float result by a median 0.03-0.05 (max
+# 0.19-0.26; top-1 0.91-0.96 against itself on this random model, whose logits are nearly flat). Strata's
+# act_q8_32 blocks store their scale rounded to fp16 as ggml's q8_0 does (quant.h strata_act_d_q8_32), so for
+# Q8_0 / IQ4_NL / ... weights the engines multiply the same integers; before that (fp32 scales) agreement was 0.971,
+# 0.971, 0.958. llama.cpp's NVFP4 path quantizes activations its own way, hence 0.979 there. On the trained model
+# (tests/test_flash_small.py) agreement is >= 99.5 % at q8_0, iq2_xs and nvfp4. Asserted: identical results on the
+# dequantized weights, Strata's activation-rounding error no larger than 1.5x llama.cpp's, and top-1 >= 0.96.
+LLAMA_TOP1_MIN = 0.96
 DEQ_TOP1_MIN = 0.99
-NOISE_RATIO_MAX = 1.5        # max|Strata(q) - Strata(deq)| / max|llama(q) - llama(deq)|: measured 0.98, 1.18, 0.70
+NOISE_RATIO_MAX = 1.5        # max|Strata(q) - Strata(deq)| / max|llama(q) - llama(deq)|: measured 1.00, 1.08, 1.01
 # llama.cpp's own files in Strata, top-1 vs transformers: measured Q8_0 0.925, Q4_K_M 0.658
 LLAMA_FILE_TOP1_MIN = {"Q8_0": 0.85, "Q4_K_M": 0.55}
 QPROMPT = 80

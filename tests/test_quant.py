@@ -5,9 +5,11 @@ results that do not depend on batch size or thread count.
 The dot-product bound (every type). Weights w are the gguf.quants dequantization of the
 blocks; x the float activations. Quantized types multiply against x quantized to int8 in
 blocks of B values (B = 32 or 256, `act_block`), whose per-element error is at most
-amax(block)/254, so
+amax(block)/254, plus amax(block) * 2^-11 where a B = 32 block's scale is stored at fp16
+precision (as ggml's q8_0: quant.h strata_act_d_q8_32), so
 
-    |dot - sum_i w_i x_i| <= sum_i |w_i| * amax_B(x, i)/254 * 1.0001      (activation rounding)
+    |dot - sum_i w_i x_i| <= sum_i |w_i| * (amax_B(x, i)/254 * 1.0001 [+ amax_B(x, i) * 2^-11])
+                                                                           (activation rounding)
                              + 1e-5 * sum_i |w_i x_i| + 1e-30              (float accumulation)
 
 Float types (F32, F16, BF16; B = 1) have only the second term.
@@ -148,7 +150,10 @@ def dot_bound(w: np.ndarray, x: np.ndarray, act_block: int) -> np.ndarray:
     if act_block > 1:
         n, cols = x.shape
         amax = ax.reshape(n, cols // act_block, act_block).max(axis=2)
-        e = np.repeat(amax / 254.0, act_block, axis=1) * 1.0001
+        # half a code step per value; act_q8_32 stores its scale at fp16 precision where that is a normal
+        # fp16 (quant.h strata_act_d_q8_32): up to 2^-11 of amax more per value
+        fp16 = (act_block == 32) & (amax / 127 >= 2.0 ** -14)
+        e = np.repeat(amax / 254.0 * 1.0001 + np.where(fp16, amax * 2.0 ** -11, 0.0), act_block, axis=1)
         term = term + e @ aw.T
     return term
 

@@ -386,12 +386,11 @@ def measure(a) -> int:
             res["cache"] = measure_cache(trace)
             res["cache"]["trace"] = os.path.basename(trace)
     if "tail" in a.only:
-        from pyrunner import Model
+        from pyrunner import Model, cachesim
 
+        n_moe, n_exp = cachesim.trace_shape(cachesim.read_trace(trace))
         with Model(model, threads=a.threads, device="sim", cache_gib=0.0, expert_pack=None) as m:
             slot = m.offload_stats()["slot_bytes"]
-        n_moe = res.get("cache", {}).get("layers") or a.moe_layers
-        n_exp = res.get("cache", {}).get("experts") or a.experts
         cache_gib = a.resident * n_moe * n_exp * slot / 2**30
         tail = {"device": "sim", "resident_share": a.resident, "cache_gib": cache_gib,
                 "tokens": int(len(off["top"])), "ppl_cpu": math.exp(off["nll"].mean())}
@@ -451,8 +450,6 @@ def main(argv=None) -> int:
     m.add_argument("--decode-rows", type=int, default=16, help="held-out rows fed one token at a time")
     m.add_argument("--resident", type=float, default=0.5, help="tail skip: share of experts the sim cache holds")
     m.add_argument("--skip-ranks", type=lambda t: [int(x) for x in t.split(",")], default=[7, 3, 2])
-    m.add_argument("--moe-layers", type=int, default=None, help=argparse.SUPPRESS)
-    m.add_argument("--experts", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.cmd == "ship":
         return ship(a)

@@ -20,7 +20,7 @@ static void act_q8_32_scalar(const float *x, act_q8_32 *y, int64_t n) {
             y[b].qs[i] = act_round(xb[i] * id);
             sum += y[b].qs[i];
         }
-        y[b].d = d;
+        y[b].d = strata_act_d_q8_32(d);
         y[b].sum = sum;
     }
 }

@@ -54,7 +54,11 @@ typedef enum {
     STRATA_ACT_Q8_256 = 2  /* act_q8_256 blocks: 256 values, float scale, sums per 16 */
 } strata_act_kind;
 
-/* x[i] ~= d * qs[i]; d = amax/127; qs = round-half-even(x / d); sum = sum of qs. */
+/* x[i] ~= d * qs[i]; qs = round-half-even(x * id), id = 1/(amax/127); d = amax/127 rounded to fp16
+ * where fp16 holds it as a normal number (strata_act_d_q8_32), as ggml stores a q8_0 block's
+ * scale, so that products with Q8_0 / Q4_x / Q5_x / IQ4_NL / MXFP4 / NVFP4 weights are llama.cpp's
+ * to float summation order where ggml's scale is a normal fp16 (tests/test_flash_small.py); sum = sum
+ * of qs. */
 typedef struct {
     float d;
     int32_t sum;
@@ -179,6 +183,20 @@ static inline float strata_act_scale(float amax, float *id) {
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     if (!isfinite(inv) || !isfinite(d)) { *id = 0.0f; return 0.0f; }
     *id = inv;
+    return d;
+}
+
+/* The scale an act_q8_32 block stores: d rounded to the nearest fp16 (ties to even) where fp16
+ * holds it as a normal number (2^-14 <= d <= 65504), as ggml stores a q8_0 block's scale; d itself
+ * outside (ggml's fp16 subnormals would cost tiny activations their precision, down to zero, and
+ * large ones would overflow). The codes are made with the unrounded d's inverse, as ggml's
+ * quantize_row_q8_0 does. Relative change of d: at most 2^-11. */
+static inline float strata_act_d_q8_32(float d) {
+    if (!(d >= 0x1p-14f && d <= 65504.0f)) return d;
+    uint32_t x;
+    memcpy(&x, &d, 4);
+    x = (x + 0xfffu + ((x >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&d, &x, 4);
     return d;
 }
 

@@ -37,7 +37,7 @@ void strata_avx2_act_q8_32(const float *x, act_q8_32 *y, int64_t n) {
         float id;
         const float d = strata_act_scale(amax_run(x + b * 32, 32), &id);
         y[b].sum = quant_run(x + b * 32, y[b].qs, 32, id);
-        y[b].d = d;
+        y[b].d = strata_act_d_q8_32(d);
     }
 }
 

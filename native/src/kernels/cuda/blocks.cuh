@@ -217,7 +217,8 @@ BLK_FN float blk_value(int type, const uint8_t *row, int64_t k) {
 /* ---------------------------------------------------------------- activations
  * Weight types other than F32/F16/BF16 multiply against activations quantized to 8 bits per
  * block of 32 (act_q8_32) or 256 (act_q8_256) values (quant/act.c). The CUDA kernels reproduce
- * that rounding: each value becomes d * q with d = amax/127 and q = round-half-even(x / d), so
+ * that rounding: each value becomes d * q with q = round-half-even(x / (amax/127)) and d = amax/127
+ * (act_q8_32: rounded to fp16 where it is a normal fp16, blk_act_d_q8_32), so
  * the product sums differ from the CPU's only in float summation order. act: 0 f32, 1 q8_32, 2 q8_256. */
 BLK_FN int blk_act_block(int act) { return act == 1 ? 32 : act == 2 ? 256 : 1; }
 
@@ -227,6 +228,17 @@ BLK_FN float blk_act_scale(float amax, float *id) {
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     if (!(inv - inv == 0.0f) || !(d - d == 0.0f)) { *id = 0.0f; return 0.0f; }   /* not finite */
     *id = inv;
+    return d;
+}
+
+/* The scale an act_q8_32 block stores (as strata_act_d_q8_32): d rounded to the nearest fp16
+ * where that is a normal fp16 number (2^-14 <= d <= 65504), else d. */
+BLK_FN float blk_act_d_q8_32(float d) {
+    if (!(d >= 0x1p-14f && d <= 65504.0f)) return d;
+    uint32_t x;
+    memcpy(&x, &d, 4);
+    x = (x + 0xfffu + ((x >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&d, &x, 4);
     return d;
 }
 
@@ -248,7 +260,7 @@ BLK_FN void blk_act_fake_quant(float *x, int64_t n, int act) {
         float *xb = x + b * bs, amax = 0.0f;
         for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float id;
-        const float d = blk_act_scale(amax, &id);
+        const float d0 = blk_act_scale(amax, &id), d = act == 1 ? blk_act_d_q8_32(d0) : d0;
         for (int i = 0; i < bs; i++) xb[i] = d * (float)blk_act_round(xb[i] * id);
     }
 }

@@ -71,7 +71,7 @@ def find_file(work: str, kind: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ ship
 
-def plot_report(run_log: dict, unigram: float, out_png: str) -> None:
+def plot_report(run_log: dict, unigram: float, out_png: str, eval_every: int = 100) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -87,7 +87,11 @@ def plot_report(run_log: dict, unigram: float, out_png: str) -> None:
     a.set_ylabel(f"cross-entropy, nats (mean of {k} steps)")
     a.grid(alpha=0.3)
     a.legend()
-    b.plot(evals[:, 1] / 1e6, evals[:, 2], "o-", label="held-out perplexity")
+    # train.py evaluates the first 64 held-out windows every --eval-every steps, and the whole split when a
+    # session ends (at the last step: the figure in report.json)
+    part = evals[:, 0] % eval_every == 0
+    b.plot(evals[part, 1] / 1e6, evals[part, 2], "o-", label="held-out perplexity (first 64 windows)")
+    b.plot(evals[~part, 1] / 1e6, evals[~part, 2], "*", ms=12, color="C1", label="whole held-out split")
     b.axhline(unigram, color="grey", ls="--", label=f"unigram model {unigram:.0f}")
     b.axhline(unigram / 10, color="red", ls=":", label=f"target: unigram / 10 = {unigram / 10:.0f}")
     b.set_yscale("log")
@@ -164,7 +168,7 @@ def ship(a) -> int:
     sources_record(a.corpus, os.path.join(a.models, "sources.json"))
     heldout_sample(a.corpus, os.path.join(a.models, "heldout-sample.txt"))
     unigram = cstats["unigram_ppl_heldout"]
-    plot_report(run_log, unigram, os.path.join(a.models, "loss.png"))
+    plot_report(run_log, unigram, os.path.join(a.models, "loss.png"), a.eval_every)
     step, tokens, ppl = run_log["evals"][-1]
     report = {
         "model": NAME, "seed": run_log["seed"], "steps": run_log["step"], "tokens_seen": run_log["tokens"],
@@ -430,6 +434,7 @@ def main(argv=None) -> int:
     s.add_argument("work")
     s.add_argument("--models", default=os.path.join(ROOT, "models", NAME), help="where the shipped files go")
     s.add_argument("--train-config", default=None, help="train.py's --config of the run (when it had one)")
+    s.add_argument("--eval-every", type=int, default=100, help="train.py's --eval-every of the run (for the plot)")
     m = sub.add_parser("measure", help="the issue's measurements on the held-out split")
     m.add_argument("corpus")
     m.add_argument("work")

@@ -588,7 +588,7 @@ def _recipe_key(preset: str, recipe: str, seed: int) -> str:
 
 
 def demo_model_path() -> str:
-    """Where the default model is (or will be) in the cache; nothing is built."""
+    """Where the random demo model is (or will be) in the cache; nothing is built."""
     key = _recipe_key(DEFAULT_PRESET, DEFAULT_RECIPE, DEFAULT_SEED)
     return os.path.join(cache_dir(), f"strata-{DEFAULT_PRESET}-{DEFAULT_RECIPE}-{key}.gguf")
 

@@ -141,7 +141,11 @@ static void test_act_quant(void) {
                 CHECK(a32[0][b].qs[i] >= -127 && a32[0][b].qs[i] <= 127, "code range %d", a32[0][b].qs[i]);
                 if (!isfinite(amax) || !isfinite(x[b * 32 + i])) continue;
                 const float err = fabsf(x[b * 32 + i] - a32[0][b].d * (float)a32[0][b].qs[i]);
-                CHECK(err <= amax / 254.0f * 1.0001f + 1e-37f, "q8_32 error %g amax %g", (double)err, (double)amax);
+                /* half a code step, plus the scale stored at fp16 precision where that is a normal fp16
+                 * (strata_act_d_q8_32): up to 2^-11 of amax */
+                const float f16 = amax / 127.0f >= 0x1p-14f ? amax * 0x1p-11f : 0.0f;
+                CHECK(err <= amax / 254.0f * 1.0001f + f16 + 1e-37f, "q8_32 error %g amax %g", (double)err,
+                      (double)amax);
             }
             for (int i = 0; i < 32; i++) sum += a32[0][b].qs[i];
             CHECK(sum == a32[0][b].sum, "sum");

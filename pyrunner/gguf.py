@@ -159,3 +159,31 @@ def writing(path: str, arch: str):
         raise
     w.close()
     os.replace(tmp, path)
+
+
+def trunk_only(src: str, dst: str, arch: str = "qwen4exp") -> str:
+    """Copy the GGUF src to dst without its MTP block (blk.{L}.*, spec/qwen4exp-mtp.md): block_count L, no
+    nextn_predict_layers, per-layer metadata arrays cut to L entries, every other tensor byte for byte
+    (llama-cpp-python 0.3.36 loads no qwen4exp MTP block). Written as `writing` writes: all or nothing."""
+    r = gguf_py.GGUFReader(os.fspath(src))
+    fields = r.fields
+    n_all = int(fields[f"{arch}.block_count"].contents())
+    nextn = f"{arch}.nextn_predict_layers"
+    L = n_all - (int(fields[nextn].contents()) if nextn in fields else 0)
+    with writing(os.fspath(dst), arch) as w:
+        for k, f in fields.items():
+            if k.startswith("GGUF.") or k in ("general.architecture", nextn):
+                continue
+            vt, v = f.types[0], f.contents()
+            if k == f"{arch}.block_count":
+                v = L
+            elif vt == gguf_py.GGUFValueType.ARRAY and k.startswith(arch + ".") and len(v) == n_all:
+                v = v[:L]
+            w.add_key_value(k, v, vt, sub_type=f.types[1] if vt == gguf_py.GGUFValueType.ARRAY else None)
+        for t in r.tensors:
+            if not any(t.name.startswith(f"blk.{i}.") for i in range(L, n_all)):
+                w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    return os.fspath(dst)

@@ -278,38 +278,6 @@ def dequantized_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def trunk_only_copy(src: Path, dst: Path) -> Path:
-    """The GGUF src without its MTP block (blk.{L}, spec/qwen4exp-mtp.md): block_count L, no
-    nextn_predict_layers, per-layer arrays cut to L entries, tensors copied byte for byte; llama.cpp
-    (llama-cpp-python 0.3.36) loads no qwen4exp MTP block."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    arch = "qwen4exp"
-    n_all = int(r.fields[f"{arch}.block_count"].contents())
-    n_mtp = int(r.fields[f"{arch}.nextn_predict_layers"].contents()) if f"{arch}.nextn_predict_layers" in r.fields else 0
-    L = n_all - n_mtp
-    w = gguf.GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k == f"{arch}.nextn_predict_layers":
-            continue
-        vt, v = f.types[0], f.contents()
-        if k == f"{arch}.block_count":
-            v = L
-        elif vt == gguf.GGUFValueType.ARRAY and k.startswith(arch + ".") and len(v) == n_all:
-            v = v[:L]
-        w.add_key_value(k, v, vt, sub_type=f.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        if any(t.name.startswith(f"blk.{i}.") for i in range(L, n_all)):
-            continue
-        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def greedy_run(model, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     """A fresh session of `model`: the prompt in one eval, then `steps` argmax tokens one at a time.
     Returns (the tokens, the logits rows: after the prompt and after each token)."""

@@ -5,7 +5,6 @@ the model never trained on)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -37,19 +36,6 @@ def sample_ids(q8):
     return q8.tokenize((SHIPPED / "heldout-sample.txt").read_text(encoding="utf-8"), add_special=False)
 
 
-def _ppl(model, ids, n_windows):
-    nll, cnt = 0.0, 0
-    s = model.session()
-    for w in range(n_windows):
-        ids_w = np.asarray(ids[w * SEQ:(w + 1) * SEQ])
-        s.reset()
-        z = s.eval(ids_w, all_logits=True)[:-1].astype(np.float64)
-        z -= z.max(axis=1, keepdims=True)
-        nll += float((np.log(np.exp(z).sum(axis=1)) - z[np.arange(SEQ - 1), ids_w[1:]]).sum())
-        cnt += SEQ - 1
-    return math.exp(nll / cnt)
-
-
 def test_the_default_model_is_the_shipped_one():
     assert Path(shipped_model_path()) == SHIPPED / "flash-small-q8_0.gguf"
     env = {"STRATA_MODEL": None, "XDG_CACHE_HOME": os.devnull}       # nothing may be built: no cache needed
@@ -75,16 +61,16 @@ def test_report_records_a_model_ten_times_better_than_unigram():
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "iq2_xs"])
-def test_heldout_perplexity_is_a_trained_models(q8, sample_ids, kind):
+def test_heldout_perplexity_is_a_trained_models(sample_ids, kind):
     """A random model scores about the vocabulary size (8192); the trained one below a tenth of the unigram
-    model's perplexity on the held-out text, in both shipped formats."""
+    model's perplexity on the held-out text, in both shipped formats (tools/flash_small.py's measure)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from flash_small import strata_ppl
+
     n = min(8, len(sample_ids) // SEQ)
     assert n >= 4
-    if kind == "q8_0":
-        ppl = _ppl(q8, sample_ids, n)
-    else:
-        with Model(SHIPPED / f"flash-small-{kind}.gguf", threads=2, n_ctx=1024) as m:
-            ppl = _ppl(m, sample_ids, n)
+    windows = np.array([sample_ids[w * SEQ:(w + 1) * SEQ] for w in range(n)])
+    ppl = strata_ppl(str(SHIPPED / f"flash-small-{kind}.gguf"), windows, 2)["ppl"]
     assert ppl < REPORT["unigram_ppl"] / 10, ppl
 
 
@@ -117,9 +103,11 @@ NOISE_RATIO_MAX = 1.2        # median|Strata(q) - exact| / median|llama.cpp(q) -
 
 @pytest.mark.parametrize("kind", ["q8_0", "iq2_xs"])
 def test_quantized_files_agree_with_llama_cpp(sample_ids, tmp_path, kind):
-    from model_oracles import dequantized_copy, llama_logits, trunk_only_copy
+    from model_oracles import dequantized_copy, llama_logits
 
-    q = trunk_only_copy(SHIPPED / f"flash-small-{kind}.gguf", tmp_path / f"trunk-{kind}.gguf")
+    from pyrunner.gguf import trunk_only
+
+    q = Path(trunk_only(SHIPPED / f"flash-small-{kind}.gguf", tmp_path / f"trunk-{kind}.gguf"))
     d = dequantized_copy(q, tmp_path / f"trunk-{kind}-deq.gguf")
     prompts = [sample_ids[i:i + 64] for i in range(0, 16 * 250, 250)]
 

@@ -39,7 +39,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -136,6 +135,7 @@ def heldout_sample(corpus: str, out: str, n_tokens: int = 4096) -> None:
 
 def ship(a) -> int:
     from pyrunner.convert import convert
+    from pyrunner.gguf import trunk_only
     from pyrunner.quantize import quantize_file
 
     os.makedirs(a.work, exist_ok=True)
@@ -151,11 +151,9 @@ def ship(a) -> int:
         quantize_file(f32, out, r, progress=False)
         log(f"quantized: {out} ({os.path.getsize(out) / 2**20:.1f} MiB)")
     # the trunk alone, for llama.cpp (0.3.36 loads no qwen4exp MTP block)
-    nomtp = gguf_path(a.work, "nomtp-f32")
-    convert(hf, nomtp, "f32", None, log=None, mtp=False)
-    for r in RECIPES:
-        quantize_file(nomtp, gguf_path(a.work, f"nomtp-{r}"), r, progress=False)
-    log("wrote the trunk-only files for llama.cpp (nomtp-*)")
+    for r in ("f32",) + RECIPES:
+        trunk_only(gguf_path(a.work, r), gguf_path(a.work, f"nomtp-{r}"))
+    log("wrote the trunk-only copies for llama.cpp (nomtp-*)")
     os.makedirs(a.models, exist_ok=True)
     for r in SHIPPED:
         shutil.copyfile(gguf_path(a.work, r), gguf_path(a.models, r))

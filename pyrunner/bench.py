@@ -141,8 +141,10 @@ def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, log=print) -> 
 #
 # `strata bench model`: prefill tokens/s over a prompt of fixed random ids (seeded, < n_vocab) in one call,
 # then decode tokens/s over gen_tokens single-token calls, each feeding the greedy argmax of the previous
-# logits. With vs_llama_cpp the same file, ids and loop run through llama-cpp-python in the same process, and
-# the ratios Strata / llama.cpp are reported. Load time is measured apart and not part of either rate.
+# logits. With vs_llama_cpp the same file, ids and loop run through llama-cpp-python in a child process, and the
+# ratios Strata / llama.cpp are reported; a llama.cpp that crashes on the file (pyrunner/llama_child.py) is
+# reported, not fatal: Strata's figures stand, "llama_cpp" holds {"error": the message}, there are no ratios.
+# Load time is measured apart and not part of either rate.
 # Strata runs first: on a file larger than the free page cache, whichever engine runs first pays for cold reads in
 # its prefill, so measure a file that is already cached (read it once, e.g. with an earlier run), on an idle machine.
 
@@ -202,6 +204,8 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
 
 
 def _llama_run(path: str, ids: list[int], gen_tokens: int, threads: int, kv_type: str, n_ctx: int) -> tuple:
+    """llama.cpp's side of bench_model, the same measurement as _strata_run; runs in llama_child's child process
+    (its own timers, so the child's start-up is not measured)."""
     try:
         import llama_cpp
     except ImportError:
@@ -243,7 +247,9 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
                 vs_llama_cpp: bool = False, seed: int = 0, log=print) -> dict:
     """Returns {"settings": {...}, "strata": RATES, and with vs_llama_cpp "llama_cpp": RATES, "ratios":
     {"prefill_tps", "decode_tps"} (Strata / llama.cpp), "same_tokens" (whether both decoded the same greedy
-    tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}."""
+    tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}.
+    When llama.cpp crashes (or times out, or exits), "llama_cpp" is {"error": its message}, and there are no
+    ratios and no same_tokens."""
     import os
 
     if not os.path.isfile(path):
@@ -259,11 +265,17 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
     strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx)
     res = {"settings": settings, "strata": strata}
     if vs_llama_cpp:
-        log("llama.cpp: the same file, ids and loop")
-        llama, llama_tokens = _llama_run(path, ids, gen_tokens, threads, kv_type, n_ctx)
-        res["llama_cpp"] = llama
+        from .llama_child import LlamaChildError, LlamaCrash, LlamaTimeout, call
+
+        log("llama.cpp: the same file, ids and loop (in a child process)")
         k, v, flash = _LLAMA_KV[kv_type]
         settings["llama_cpp_kv"] = f"K {_GGML_NAME[k]}, V {_GGML_NAME[v]}, flash attention {'on' if flash else 'off'}"
+        try:
+            llama, llama_tokens = call(_llama_run, (path, ids, gen_tokens, threads, kv_type, n_ctx), gguf=path)
+        except (LlamaCrash, LlamaTimeout, LlamaChildError) as e:
+            res["llama_cpp"] = {"error": str(e)}       # the caller reports it (the CLI: on stderr, exit 1)
+            return res
+        res["llama_cpp"] = llama
         res["ratios"] = {k: (strata[k] / llama[k] if llama[k] > 0 else None) for k in ("prefill_tps", "decode_tps")}
         res["same_tokens"] = strata_tokens == llama_tokens
     return res
@@ -271,7 +283,8 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
 
 def format_model_table(res: dict) -> str:
     """The small table `strata bench model` prints."""
-    rows = [("strata", res["strata"])] + ([("llama.cpp", res["llama_cpp"])] if "llama_cpp" in res else [])
+    llama = res.get("llama_cpp")
+    rows = [("strata", res["strata"])] + ([("llama.cpp", llama)] if llama and "error" not in llama else [])
     s = res["settings"]
     lines = [f"{s['model']}: {s['prompt_tokens']}-token prompt, {s['gen_tokens']} generated, {s['threads']} threads, "
              f"kv {s['kv_type']}",
@@ -280,6 +293,8 @@ def format_model_table(res: dict) -> str:
     for name, r in rows:
         lines.append(f"{name:10s} {r['prefill_tps']:14.2f} {r['decode_tps']:13.2f} {r['prefill_s']:10.3f} "
                      f"{r['decode_s']:9.3f} {r['load_s']:7.2f}")
+    if llama and "error" in llama:
+        lines.append(f"{'llama.cpp':10s} no figures ({llama['error'].split(';')[0]})")
     if "llama_cpp_kv" in s:
         lines[0] += f" (llama.cpp KV: {s['llama_cpp_kv']})"
     if "ratios" in res:

@@ -188,8 +188,9 @@ def bench_kernels(as_json, types, threads, batches):
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
                 trace_path):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
-    the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run, and the ratios.
-    With --mtp K: decode with K drafts per verify window against decode without, in one run: tokens/s,
+    the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
+    if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
+    the ratios. With --mtp K: decode with K drafts per verify window against decode without, in one run: tokens/s,
     acceptance, mean accepted length and the cost per window of drafting, verifying and rolling back, with
     the head's own drafts and with drafts forced right at rates 0..1 (random weights make the head's own
     acceptance meaningless), and the break-even acceptance."""
@@ -228,6 +229,9 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         click.echo(f"trace: {t['events']} events in {trace_path}; recorder on: prefill {t['prefill_tps']:.2f} tok/s, "
                    f"decode {t['decode_tps']:.2f} tok/s (off: {res['strata']['prefill_tps']:.2f}, "
                    f"{res['strata']['decode_tps']:.2f}; decode overhead {t['decode_overhead_pct']:+.1f} %)", err=True)
+    if "error" in res.get("llama_cpp", {}):
+        # after Strata's figures, which stand; exit 1 so that a script does not take the comparison as made
+        raise click.ClickException(res["llama_cpp"]["error"])
 
 
 def _bench_traced(path: str, res: dict, run) -> dict:

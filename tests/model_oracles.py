@@ -4,8 +4,10 @@
   with config fields overridden: gate, QSA budget, widths).
 * HFReference: transformers fp32 logits for a whole sequence in one forward, plus, for every position, whether the
   reference's QSA block selection had a score tie at the cut (see qsa_ties()).
-* llama_logits(): per-position logits from llama.cpp (llama-cpp-python, f32 KV, no flash attention).
-* prompt(), kl(), llama_quantize(): the small pieces the tests share.
+* llama_logits(), llama_text_logits(), llama_quantize(), ggml_quantize(), llama_sampler_chains(): llama.cpp
+  (llama-cpp-python) as an oracle, each call in a child process (pyrunner/llama_child.py): its crash fails the
+  test with a message naming the file and the signal, never kills pytest.
+* prompt(), kl(): the small pieces the tests share.
 
 QSA tie rule. transformers selects blocks with torch.topk, which has no tie order; Strata breaks ties by descending
 score, then ascending block index. Where two blocks score the same at the cut (the last selected and the first
@@ -23,6 +25,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+
+from pyrunner import llama_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,32 +205,127 @@ def qsa_ties(module, config, hidden_states, output_mask) -> tuple[np.ndarray, np
 
 # ------------------------------------------------------------------------------------------------ llama.cpp
 
+# Every use of llama.cpp runs in a child process (pyrunner/llama_child.py): a crash of the oracle is a test failure
+# (LlamaCrash, naming the file and the signal), never the death of pytest. The functions named _in_child_* are the
+# child sides; each public function here is one child call.
+
 def llama_logits(path: Path, prompts: list[list[int]], n_ctx: int = 512) -> list[np.ndarray]:
     """llama.cpp's per-position logits for each prompt (f32 KV, no flash attention), one context reset between."""
-    llama_cpp = importlib.import_module("llama_cpp")
-    llm = llama_cpp.Llama(str(path), logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=2,
-                          n_ctx=n_ctx, n_batch=n_ctx, verbose=False)
-    try:
-        out = []
-        for ids in prompts:
-            llm.reset()
-            llm.eval(ids)
-            out.append(np.array(llm.scores[: len(ids)], dtype=np.float32))
-        return out
-    finally:
-        llm.close()
+    return llama_child.logits(path, prompts, n_ctx=n_ctx)
+
+
+def _in_child_quantize(src: str, dst: str, ftype_name: str) -> None:
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype_name}) returned {rc}")
 
 
 def llama_quantize(src: Path, dst: Path, ftype_name: str) -> Path:
     """llama.cpp's own quantizer (llama_model_quantize) with an ftype, e.g. "Q4_K_M" -> LLAMA_FTYPE_MOSTLY_Q4_K_M."""
-    llama_cpp = importlib.import_module("llama_cpp")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
-    params.nthread = 2
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({src} -> {ftype_name}) returned {rc}")
+    llama_child.call(_in_child_quantize, (str(src), str(dst), ftype_name), gguf=src)
     return dst
+
+
+def _in_child_text_logits(path: str, text: bytes) -> np.ndarray:
+    llm = llama_child.open_llama(path, n_ctx=64)
+    try:
+        ids = llm.tokenize(text, add_bos=False)
+        if llm.detokenize(ids) != text:
+            raise AssertionError(f"llama.cpp's tokenizer does not round-trip {text!r}: {ids} -> "
+                                 f"{llm.detokenize(ids)!r}")
+        llm.eval(ids)
+        return np.array(llm.scores[:len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def llama_text_logits(path: Path, text: bytes) -> np.ndarray:
+    """llama.cpp tokenizes text with the file's own tokenizer (asserted to round-trip) and returns its
+    per-position logits."""
+    return llama_child.call(_in_child_text_logits, (str(path), text), gguf=path)
+
+
+def _in_child_ggml_quantize(jobs: list) -> list[bytes]:
+    import ctypes
+    import os
+
+    import llama_cpp
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    names = sorted(n for n in os.listdir(libdir) if n.startswith("libggml-base"))
+    if not names:
+        raise FileNotFoundError(f"no libggml-base in {libdir}")
+    f = ctypes.CDLL(os.path.join(libdir, names[0])).ggml_quantize_chunk
+    f.restype = ctypes.c_size_t
+    f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                  ctypes.c_void_p]
+    out = []
+    for type_name, x, imatrix in jobs:
+        t = GGMLQuantizationType[type_name]
+        bs, ts = GGML_QUANT_SIZES[t]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows, n = x.shape
+        if imatrix is None and type_name == "IQ2_XS":
+            imatrix = np.ones(n, np.float32)  # llama.cpp refuses IQ2_XS without one; uniform = none
+        im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+        blocks = np.zeros(rows * (n // bs) * ts, dtype=np.uint8)
+        written = f(int(t), x.ctypes.data, blocks.ctypes.data, 0, rows, n, None if im is None else im.ctypes.data)
+        if written != blocks.size:
+            raise AssertionError(f"ggml_quantize_chunk({type_name}) wrote {written} bytes, expected {blocks.size}")
+        out.append(blocks.tobytes())
+    return out
+
+
+def ggml_quantize(jobs: list[tuple[str, np.ndarray, np.ndarray | None]]) -> list[bytes]:
+    """llama.cpp's own quantizer (ggml_quantize_chunk of the libggml-base bundled with llama-cpp-python) on each
+    (type name, rows (R, N) float32, importance matrix (N,) or None): the blocks, in one child process."""
+    return llama_child.call(_in_child_ggml_quantize, (jobs,))
+
+
+def _in_child_sampler_chains(n: int, cases: list) -> list:
+    import ctypes
+
+    import llama_cpp as L
+    out = []
+    for x, hist, p in cases:
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if p.logit_bias:
+            lb = (L.llama_logit_bias * len(p.logit_bias))(
+                *[L.llama_logit_bias(t, b) for t, b in p.logit_bias.items()])
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n, len(lb), lb))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
+            n, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        if p.temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        else:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(p.top_k))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(p.top_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(p.min_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(p.temperature))
+        for t in hist:
+            L.llama_sampler_accept(chain, int(t))
+        arr = (L.llama_token_data * n)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(x)])
+        cur = L.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
+        L.llama_sampler_apply(chain, ctypes.byref(cur))
+        if p.temperature <= 0:
+            out.append(int(cur.data[cur.selected].id))
+        else:
+            out.append({int(cur.data[i].id): float(cur.data[i].logit) for i in range(cur.size)
+                        if np.isfinite(cur.data[i].logit)})
+        L.llama_sampler_free(chain)
+    return out
+
+
+def llama_sampler_chains(n: int, cases: list) -> list:
+    """llama.cpp's own sampler chain (logit bias, penalties, then greedy, or top-k, top-p, min-p, temp) over a
+    vocabulary of n, for each (logits (n,), history ids, pyrunner.sampling.SamplingParams with repeat_last_n >= 0):
+    the greedy pick (an id), or the surviving {id: logit after temperature}. One child process for all cases."""
+    return llama_child.call(_in_child_sampler_chains, (n, cases))
 
 
 # ------------------------------------------------------------------------------------------------ metrics

@@ -1,9 +1,12 @@
 """`strata bench model` (pyrunner.bench.bench_model) on the tiny preset: the JSON structure, the numbers are
-positive and consistent with each other, the prompt is the fixed seeded one, the human table, clean errors.
+positive and consistent with each other, the prompt is the fixed seeded one, the human table, clean errors, and a
+llama.cpp that crashes (a real signal in its child process): Strata's figures, the crash message, exit status 1.
 Nothing here asserts a speed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,32 @@ def test_json_vs_llama_cpp(tiny):
     assert (s["threads"], s["prompt_tokens"], s["gen_tokens"], s["kv_type"]) == (2, 24, 6, "f16")
     assert s["llama_cpp_kv"] == "K f16, V f16, flash attention off"
     assert isinstance(out["same_tokens"], bool)
+
+
+def _segfaulting_llama_run(path, *args):
+    """Stands in for bench._llama_run in llama.cpp's child process: dies as a crashing llama.cpp does."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_llama_cpp_crash_keeps_stratas_figures_and_exits_1(tiny, monkeypatch):
+    # the child unpickles this module's function by name: a real SIGSEGV in a real child process
+    monkeypatch.setattr(bench, "_llama_run", _segfaulting_llama_run)
+    want = f"llama.cpp crashed with signal 11 (SIGSEGV) on {tiny}"
+    args = ["bench", "model", "-m", str(tiny), "--vs-llama-cpp", "--prompt-tokens", "12", "--gen-tokens", "3"]
+    res = CliRunner().invoke(main, args + ["--json"])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.stdout)
+    _check_rates(out["strata"], 12, 3)
+    assert set(out["llama_cpp"]) == {"error"} and out["llama_cpp"]["error"].startswith(want)
+    assert "ratios" not in out and "same_tokens" not in out
+    assert want in res.stderr and "Traceback" not in res.output
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1
+    rows = res.stdout.splitlines()
+    assert float(next(r for r in rows if r.startswith("strata ")).split()[1]) > 0
+    assert any(r.startswith("llama.cpp") and "no figures" in r and "SIGSEGV" in r for r in rows)
+    assert not any(r.startswith("ratio") for r in rows)
+    assert want in res.stderr
 
 
 def test_table_strata_only(tiny):

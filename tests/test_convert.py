@@ -34,6 +34,7 @@ F32_TOL = 1e-3
 Q8_TOP1_MIN = 0.75
 
 
+from model_oracles import llama_logits  # noqa: E402
 from model_oracles import tiny_hf_tool as _tool  # noqa: E402  (tools/make_tiny_hf.py, loaded once)
 
 
@@ -97,14 +98,7 @@ def _fields(path) -> tuple[dict, dict]:
 
 
 def _llama_logits(path, ids) -> np.ndarray:
-    llama_cpp = importlib.import_module("llama_cpp")
-    llm = llama_cpp.Llama(str(path), logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=2,
-                          n_ctx=128, verbose=False)
-    try:
-        llm.eval(ids)
-        return np.array(llm.scores[:len(ids)], dtype=np.float32)
-    finally:
-        llm.close()
+    return llama_logits(path, [ids], n_ctx=128)[0]          # in a child process: a crash fails the test
 
 
 def _expected_shapes(c: dict) -> dict[str, tuple]:

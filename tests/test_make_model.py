@@ -22,6 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gq
 
+from model_oracles import llama_text_logits  # llama.cpp in a child process: a crash fails the test
 from pyrunner import gguf_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,21 +180,9 @@ def test_tokenizer_bpe_closed():
 
 # ------------------------------------------------------------------------------------------ (b) llama.cpp
 
-def _llama_logits(path: Path, text: bytes):
-    llama_cpp = importlib.import_module("llama_cpp")
-    llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
-    try:
-        ids = llm.tokenize(text, add_bos=False)
-        assert llm.detokenize(ids) == text
-        llm.eval(ids)
-        return np.array(llm.scores[:len(ids)], dtype=np.float32)
-    finally:
-        llm.close()
-
-
 @pytest.mark.parametrize("recipe", mm.RECIPES)
 def test_tiny_runs_in_llama_cpp(work, recipe):
-    s = _llama_logits(_make(work, "tiny", recipe), b"The quick brown fox, 42 times.")
+    s = llama_text_logits(_make(work, "tiny", recipe), b"The quick brown fox, 42 times.")
     assert np.isfinite(s).all()
     assert s.std(axis=1).min() > 0.05          # not degenerate: logits differ across the vocabulary
     assert np.abs(np.diff(s, axis=0)).max() > 0.05   # and from position to position
@@ -213,7 +202,7 @@ def test_direct_blocks_valid_and_run(work, direct_preset):
         std = float(np.std(v))
         want = 1.0 if t["name"] == "per_layer_token_embd.weight" else w ** -0.5
         assert want / 8 < std < want * 8, (t["name"], std, want)
-    s = _llama_logits(path, b"hello world")
+    s = llama_text_logits(path, b"hello world")
     assert np.isfinite(s).all()
 
 

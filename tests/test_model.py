@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ import model_oracles as mo
 
 importlib.import_module("torch")
 importlib.import_module("transformers")
-importlib.import_module("llama_cpp")
+if importlib.util.find_spec("llama_cpp") is None:      # found, not loaded: llama.cpp runs in child processes
+    raise ImportError("llama-cpp-python==0.3.36 (a test dependency) is not installed: bash tools/test.sh installs it")
 import pyrunner  # noqa: E402
 from pyrunner.convert import convert  # noqa: E402
 from pyrunner.model import Model  # noqa: E402  (pyrunner.Model)

@@ -237,7 +237,6 @@ def test_no_mtp_file_is_the_trunk_and_llama_cpp_runs_it(tiny):
     assert md["qwen4exp.block_count"] == L and "qwen4exp.nextn_predict_layers" not in md
     assert len(md["qwen4exp.attention.compress_ratios"]) == L
     assert not any(t["name"].startswith(f"blk.{L}.") for t in f.tensors())
-    importlib.import_module("llama_cpp")
     # short prompts: the trunk's QSA stays dense (<= 11 visible rows for budget 8), where llama.cpp agrees
     prompts = [mo.prompt(s, 11) for s in (1, 2)]
     ref = mo.llama_logits(tiny["gguf0"], prompts, n_ctx=64)

@@ -2,8 +2,8 @@
 
 Q8_0, Q5_1 and MXFP4 must write exactly the bytes gguf.quants.quantize writes. The searched
 quantizers (Q4_K, Q6_K, IQ4_NL, NVFP4, IQ2_XS) are held to llama.cpp's own quantizer
-(ggml_quantize_chunk of llama-cpp-python, a declared test dependency: these tests FAIL, not
-skip, without it): on the same rows their error may be at most RATIO_MAX times llama.cpp's.
+(ggml_quantize_chunk of llama-cpp-python, run in a child process; a declared test dependency:
+these tests FAIL, not skip, without it): on the same rows their error may be at most RATIO_MAX times llama.cpp's.
 
 Error measure: rel = sqrt(sum w (y - x)^2 / sum w x^2) over all rows, y = gguf.quants.dequantize
 of the blocks, w = the importance matrix when one is given (it is what a quantizer with an
@@ -29,8 +29,6 @@ measured values and ratios.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import threading
 import warnings
 
@@ -38,6 +36,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
+from model_oracles import ggml_quantize
 from pyrunner import quant
 
 BOUND = {"Q8_0": 0.010, "Q6_K": 0.028, "Q5_1": 0.053, "Q4_K": 0.100, "NVFP4": 0.100,
@@ -83,43 +82,16 @@ def rel_err(x: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> float:
 
 # ---------------------------------------------------------------- llama.cpp oracle
 
-class GgmlQuantizer:
-    """ggml_quantize_chunk from the libggml-base bundled with llama-cpp-python."""
-
-    def __init__(self):
-        import llama_cpp  # a declared test dependency: ImportError fails the test
-
-        libdir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-        names = sorted(n for n in os.listdir(libdir) if n.startswith("libggml-base"))
-        if not names:
-            raise FileNotFoundError(f"no libggml-base in {libdir}")
-        self.lib = ctypes.CDLL(os.path.join(libdir, names[0]))
-        f = self.lib.ggml_quantize_chunk
-        f.restype = ctypes.c_size_t
-        f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_int64, ctypes.c_void_p]
-
-    def quantize(self, type_name: str, x: np.ndarray, imatrix: np.ndarray | None) -> bytes:
-        t = GGMLQuantizationType[type_name]
-        bs, ts = GGML_QUANT_SIZES[t]
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        rows, n = x.shape
-        if imatrix is None and type_name == "IQ2_XS":
-            imatrix = np.ones(n, np.float32)  # llama.cpp refuses IQ2_XS without one; uniform = none
-        im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-        out = np.zeros(rows * (n // bs) * ts, dtype=np.uint8)
-        written = self.lib.ggml_quantize_chunk(int(t), x.ctypes.data, out.ctypes.data, 0, rows, n,
-                                               None if im is None else im.ctypes.data)
-        assert written == out.size
-        return out.tobytes()
-
-
 @pytest.fixture(scope="module")
-def ggml():
+def ggml() -> dict:
+    """llama.cpp's blocks for every (type, data, imatrix) case of test_error_vs_llama_cpp, made in one child
+    process (tests/model_oracles.py): a crash of llama.cpp fails these tests with its message, pytest lives on."""
+    keys = [(t, d, i) for t in SEARCHED for d in DATA for i in IMATRIX]
     try:
-        return GgmlQuantizer()
+        blocks = ggml_quantize([(t, DATA[d](), IMATRIX[i]()) for t, d, i in keys])
     except (ImportError, OSError) as e:
         pytest.fail(f"llama-cpp-python==0.3.36 (test dependency) is not usable: {e}")
+    return dict(zip(keys, blocks))
 
 
 # ---------------------------------------------------------------- gguf-exact quantizers
@@ -187,7 +159,7 @@ def test_error_vs_llama_cpp(ggml, type_name, data, imat):
     info = quant.type_info(type_name)
     assert info["has_quantize"], f"Strata has no {type_name} quantizer"
     ours = rel_err(x, dequant(type_name, quant.quantize(type_name, x, imatrix=im), x.shape), im)
-    ref = rel_err(x, dequant(type_name, ggml.quantize(type_name, x, im), x.shape), im)
+    ref = rel_err(x, dequant(type_name, ggml[type_name, data, imat], x.shape), im)
     ratio = ours / ref
     print(f"\n{type_name:7s} {data:9s} {imat:8s} rel {ours:.4f}  llama.cpp {ref:.4f}  ratio {ratio:.3f}")
     assert ratio <= RATIO_MAX, f"{type_name}: error {ours:.5f} is {ratio:.3f}x llama.cpp's {ref:.5f}"

@@ -41,6 +41,7 @@ REL_BOUND = {"F32": 0.0, "F16": 1e-3, "Q8_0": 0.010, "Q6_K": 0.028, "Q5_1": 0.05
 TOP1_MIN = {"q8_0": 0.80, "q4_k_m": 0.50, "iq2_xs": 0.15, "nvfp4": 0.15, "nvfp4+scale-always": 0.15}
 
 
+from model_oracles import llama_logits  # noqa: E402
 from model_oracles import tiny_hf_tool as _tool  # noqa: E402  (tools/make_tiny_hf.py, loaded once)
 
 
@@ -433,18 +434,7 @@ def test_dequantizes_close(made, f32, recipe):
 # ---------------------------------------------------------------------------------- (d) llama.cpp
 
 def _llama_logits(path, prompts) -> np.ndarray:
-    llama_cpp = importlib.import_module("llama_cpp")
-    llm = llama_cpp.Llama(str(path), logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=2,
-                          n_ctx=128, verbose=False)
-    try:
-        out = []
-        for ids in prompts:
-            llm.reset()
-            llm.eval(ids)
-            out.append(np.array(llm.scores[:len(ids)], dtype=np.float32))
-        return np.stack(out)
-    finally:
-        llm.close()
+    return np.stack(llama_logits(path, prompts, n_ctx=128))  # in a child process: a crash fails the test
 
 
 def _dequantized_copy(path, out) -> None:

@@ -3,9 +3,6 @@ chain against an independent reference (plain sorts and loops), empirical freque
 draws against the exact post-filter distribution, seed reproducibility, and stop strings."""
 from __future__ import annotations
 
-import importlib
-
-import ctypes
 import math
 import random
 from dataclasses import replace
@@ -15,6 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from model_oracles import llama_sampler_chains
 from pyrunner.sampling import (
     SamplingParams, StopCriteria, StopStream, apply_logit_bias, apply_min_p, apply_penalties,
     apply_temperature, apply_top_k, apply_top_p, click_options, draw, make_sampler, params_from_cli,
@@ -500,35 +498,14 @@ def test_stop_criteria_eos_length_and_stop():
 # ------------------------------------------------------------------ llama.cpp's samplers as oracle
 
 
-def _llama_chain(L, n, p: SamplingParams, history):
-    """llama.cpp's own sampler chain (through llama-cpp-python) for the same settings."""
-    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    if p.logit_bias:
-        lb = (L.llama_logit_bias * len(p.logit_bias))(
-            *[L.llama_logit_bias(t, b) for t, b in p.logit_bias.items()])
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n, len(lb), lb))
-    L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-        n, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
-    if p.temperature <= 0:
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-    else:
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(p.top_k))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(p.top_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(p.min_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(p.temperature))
-    for t in history:
-        L.llama_sampler_accept(chain, int(t))
-    return chain
-
-
 def test_chain_matches_llama_cpp_samplers():
     """Same survivors and, after temperature, the same distribution as llama.cpp's logit-bias,
     penalties, top-k, top-p, min-p and temp samplers in that order (continuous random logits, so
-    that llama.cpp's unspecified order among ties does not matter)."""
-    L = importlib.import_module("llama_cpp")
-
+    that llama.cpp's unspecified order among ties does not matter). llama.cpp runs every case in one
+    child process (tests/model_oracles.py)."""
     rng = np.random.default_rng(21)
     n = 600
+    cases = []
     for case in range(40):
         x = (rng.standard_normal(n) * rng.uniform(0.5, 4)).astype(np.float32)
         hist = rng.integers(0, 60, int(rng.integers(0, 120))).tolist()
@@ -539,20 +516,16 @@ def test_chain_matches_llama_cpp_samplers():
             repeat_last_n=pick(-1, 0, 8, 64), presence_penalty=pick(0.0, 0.5, -0.3),
             frequency_penalty=pick(0.0, 0.25),
             logit_bias={int(t): pick(-np.inf, 2.0, -1.0) for t in rng.integers(0, n, 3)})
-        last_n = n if p.repeat_last_n < 0 else p.repeat_last_n                # llama.cpp: -1 = context
-        chain = _llama_chain(L, n, replace(p, repeat_last_n=last_n), hist)
-        arr = (L.llama_token_data * n)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(x)])
-        cur = L.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
-        L.llama_sampler_apply(chain, ctypes.byref(cur))
+        cases.append((x, hist, p))
+    last_n = lambda p: n if p.repeat_last_n < 0 else p.repeat_last_n     # noqa: E731  (llama.cpp: -1 = context)
+    llama = llama_sampler_chains(n, [(x, hist, replace(p, repeat_last_n=last_n(p))) for x, hist, p in cases])
+    for case, ((x, hist, p), theirs) in enumerate(zip(cases, llama)):
         s = make_sampler(p)
         if p.temperature <= 0:
-            assert cur.data[cur.selected].id == s.sample(x, hist), case
+            assert theirs == s.sample(x, hist), case
         else:
-            theirs = {cur.data[i].id: cur.data[i].logit for i in range(cur.size)
-                      if np.isfinite(cur.data[i].logit)}
             d = s.distribution(x, hist)
             assert set(theirs) == set(np.flatnonzero(d).tolist()), case
             ids = np.array(sorted(theirs))
             q = probabilities(np.array([theirs[i] for i in ids], np.float32))
             assert np.allclose(d[ids], q, rtol=2e-5, atol=1e-9), case
-        L.llama_sampler_free(chain)

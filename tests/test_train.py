@@ -161,6 +161,8 @@ def test_ship_and_measure_on_a_trained_run(corpus, tmp_path):
     assert abs(ppl["f32"]["ppl"] / ppl["f32_transformers_tie_rule"]["ppl"] - 1) < 1e-4
     assert abs(ppl["q8_0"]["ppl"] / ppl["f32"]["ppl"] - 1) < 0.02
     lc = res["llama_cpp"]
+    crashed = {k: v["error"] for k, v in lc.items() if isinstance(v, dict) and "error" in v}
+    assert not crashed, crashed                        # llama.cpp's crash message per file (pyrunner/llama_child.py)
     assert lc["f32"]["max_abs_dlogit"] <= 1e-3 and lc["f32"]["top1_agreement"] == 1.0     # QSA does not bind
     assert all(lc[k]["positions"] == 32 for k in ("q8_0", "iq2_xs", "nvfp4"))
     for k in ("1", "2", "3"):

@@ -246,9 +246,10 @@ def transformers_ppl(hf: str, windows: np.ndarray, threads: int, tie_rule: bool 
 
 def measure_llama(work: str, corpus: str, n_prompts: int, n_tok: int, threads) -> dict:
     """Strata vs llama.cpp (llama-cpp-python) on the trunk-only files, over prompts short enough that QSA
-    does not bind: top-1 agreement of every position and the largest logit difference."""
-    import llama_cpp
+    does not bind: top-1 agreement of every position and the largest logit difference. llama.cpp runs in a child
+    process (pyrunner/llama_child.py): a file it crashes on gets {"error": the message}, the others are measured."""
     from pyrunner import Model
+    from pyrunner.llama_child import LlamaCrash, logits
 
     toks = np.fromfile(os.path.join(corpus, "heldout.bin"), dtype=np.uint16).astype(np.int64)
     stride = (len(toks) - n_tok) // n_prompts
@@ -259,14 +260,12 @@ def measure_llama(work: str, corpus: str, n_prompts: int, n_tok: int, threads) -
         if not os.path.isfile(path):
             out[kind] = None
             continue
-        llm = llama_cpp.Llama(path, logits_all=True, flash_attn=False, type_k=0, type_v=0, n_threads=threads or 2,
-                              n_ctx=n_tok + 16, n_batch=n_tok + 16, verbose=False)
-        ref = []
-        for p in prompts:
-            llm.reset()
-            llm.eval(p)
-            ref.append(np.array(llm.scores[:len(p)], dtype=np.float32))
-        llm.close()
+        try:
+            ref = logits(path, prompts, n_ctx=n_tok + 16, n_threads=threads or 2)
+        except LlamaCrash as e:
+            out[kind] = {"error": str(e)}
+            log(f"vs llama.cpp {kind}: {e}")
+            continue
         with Model(path, threads=threads, n_ctx=n_tok + 16, kv_type="f32") as m:
             got = [m.session().eval(p, all_logits=True) for p in prompts]
         g, r = np.concatenate(got), np.concatenate(ref)

@@ -15,8 +15,11 @@ if ! command -v clang >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/l
     fi
 fi
 
-# llama-cpp-python (a test oracle) builds CPU-only; pip caches the wheel after the first build.
-CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DGGML_CUDA=OFF}" python -m pip install -q -e ".[test]"
+# llama-cpp-python (a test oracle) is built CPU-only with the ISA flags this host's /proc/cpuinfo lists, AMX
+# off (its AMX path crashes on qwen4exp: DESIGN §8); the wheel is kept keyed by those flags, so it is built
+# once per flag set (tools/llama_oracle.py). Then Strata and the other test dependencies.
+python tools/llama_oracle.py install
+python -m pip install -q -e ".[test]"
 
 status=0
 python -m pytest -q -ra "$@" || status=$?

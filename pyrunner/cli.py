@@ -612,27 +612,37 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
 @main.command()
 @click.argument("in_path", metavar="IN.jsonl", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(dir_okay=False),
-              help="Results, one JSON line per request, appended; requests already there are skipped.")
+              help="Results, one JSON line per request (not the input file); requests already there are skipped.")
+@click.option("--retry-errors", is_flag=True,
+              help="Run again the requests whose record in OUT is an error; the new record replaces it.")
 @click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
               help="Default max_tokens of a request (-1: until the model ends or the context is full).")
 @sampling_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_engine_options
-def batch(in_path, out_path, max_tokens, quiet, **kwargs):
-    """Run the requests in IN.jsonl ({"id", "prompt"} or {"id", "messages"} per line, plus optional
-    OpenAI-named sampling fields) and append one JSON line per result to OUT.jsonl; a line that cannot
-    run gets an "error" field and the run goes on. Re-running the same command resumes: ids already in
-    OUT.jsonl are skipped. The flags are the defaults of every request."""
+def batch(in_path, out_path, retry_errors, max_tokens, quiet, **kwargs):
+    """Run the requests in IN.jsonl (UTF-8; {"id", "prompt"} or {"id", "messages"} per line, plus
+    optional OpenAI-named sampling fields) and write one JSON line per request to OUT.jsonl, in input
+    order; a line that cannot run gets an "error" naming its line and the run goes on. Re-running the
+    same command resumes (also after kill -9): ids already in OUT.jsonl are skipped, or with
+    --retry-errors only those whose record is a result. OUT.jsonl keeps one record per id, the newest,
+    and is rewritten through a temporary file and a rename, never in place. The flags are the defaults
+    of every request."""
     from ._native import StrataError
-    from .batch import BatchError, run_batch
+    from .batch import BatchError, check_paths, run_batch
 
+    try:
+        check_paths(in_path, out_path)      # before the model loads: a wrong -o fails at once
+    except BatchError as e:
+        raise _fail(e) from None
     params = _sampling(kwargs, max_tokens)
     wd = _watchdog(kwargs)
     tracer = _tracer(kwargs)
     model = _open_model(kwargs)
     try:
         with tracer, model:
-            counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd)
+            counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd,
+                               retry_errors=retry_errors)
     except (BatchError, StrataError) as e:
         raise _fail(e) from None
     _trace_note(tracer)

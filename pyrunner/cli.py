@@ -299,8 +299,12 @@ def _engine_options(f):
     opts = [
         click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="The GGUF model file (default: the shipped flash-small model, models/flash-small/)."),
-        click.option("--threads", type=int, default=None, help="CPU threads (default: one per core)."),
-        click.option("--n-ctx", "n_ctx", type=int, default=None, help="Context length in tokens [default: 32768]."),
+        click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: one per core)."),
+        # -c/--ctx-size are llama.cpp's names; the variable keeps the DESIGN §9 name STRATA_N_CTX
+        click.option("-c", "--n-ctx", "--ctx-size", "n_ctx", type=int, default=None, envvar="STRATA_N_CTX",
+                     show_envvar=True,
+                     help="Context length in tokens [default: the model's trained context, its "
+                          "<arch>.context_length, at most 32768; more than trained warns]."),
         click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default=None,
                      help="KV cache type [default: f16]."),
         click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default=None, help="Where experts run [default: cpu]."),
@@ -320,9 +324,36 @@ def _engine_options(f):
                      help="Abort a request after this many seconds without progress, keeping its partial output "
                           "[default: 600; 0 = off]."),
     ]
+    opts += [click.option(*names, hidden=True, expose_value=False, is_flag=is_flag, callback=_llama_cpp_only(why))
+             for names, is_flag, why in _LLAMA_CPP_ONLY]
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+# llama.cpp flags that Strata has no counterpart for: a user who types them out of habit learns what to use
+# instead, rather than meeting click's "No such option" (or, for -ngl, "-n: 'gl' is not a valid integer").
+_GPU_EXPERTS = ("`--device cuda --cache-gib X` keeps the experts that fit in X GiB resident on the GPU (the hottest, "
+                "swapped as routing changes); missing ones are copied over PCIe (`--pcie-frac`) or run on the CPU")
+_LLAMA_CPP_ONLY = (
+    (("-ngl", "--n-gpu-layers", "--gpu-layers"), False,
+     f"Strata has no layer split: {_GPU_EXPERTS}; the dense weights stay on the CPU"),
+    (("-ot", "--override-tensor"), False,
+     f"Strata places tensors itself, not by name: {_GPU_EXPERTS}; everything else stays on the CPU"),
+    (("-ncmoe", "--n-cpu-moe"), False, f"Strata places experts one by one, not by layer: {_GPU_EXPERTS}"),
+    (("-cmoe", "--cpu-moe"), True, "every expert already runs on the CPU with `--device cpu` (the default)"),
+)
+
+
+def _llama_cpp_only(why: str):
+    """The callback of a hidden llama.cpp flag: given on the command line, it stops with `why`."""
+    def refuse(ctx, param, value):
+        from click.core import ParameterSource
+
+        if ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+            names = "/".join(param.opts)
+            raise click.UsageError(f"{names} is llama.cpp's; {why}.", ctx)
+    return refuse
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode",
@@ -342,6 +373,8 @@ def _with_env(cmd: click.Command) -> click.Command:
 
 def _open_model(kwargs: dict):
     """pyrunner.Model from the popped -m / engine flags; with no -m, the default model (models.default_model)."""
+    import warnings
+
     from .model import Model
     from ._native import StrataError
     from .models import MakeModelError, default_model
@@ -357,7 +390,13 @@ def _open_model(kwargs: dict):
         if path is None:
             path, notice = default_model(log=lambda s: click.echo(s, err=True))
             click.echo(notice, err=True)
-        model = Model(path, **engine)
+        # Model's warnings (--threads above the cores, n_ctx past the trained context) as plain
+        # lines on stderr, without Python's "file:line: UserWarning" and source-line dressing
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            model = Model(path, **engine)
+        for w in caught:
+            click.echo(f"warning: {w.message}", err=True)
         if model.device != "cpu" or model.offload_stats()["tail_skip"]:
             click.echo(model.offload_log, err=True)          # DESIGN §7: the start-up log
         if model.has_ple:
@@ -433,18 +472,29 @@ def _stats_line(stats: dict, finish_reason: str | None = None) -> str:
 @_with_env
 @main.command()
 @click.argument("prompt", required=False)
+@click.option("-p", "--prompt", "prompt_opt", default=None, metavar="TEXT",
+              help='The prompt, as llama.cpp takes it: instead of PROMPT ("-": standard input).')
 @click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
-              help="Tokens to generate at most (-1: until the model ends or the context is full).")
+              help="Tokens to generate at most; -1: until the model ends or the context is full; -2 (llama.cpp: "
+                   "until the context is filled): the same, as Strata never shifts the context.")
 @sampling_options
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"text", "tokens", "finish_reason", "stats"} as one JSON object.')
 @_engine_options
-def generate(prompt, max_tokens, as_json, **kwargs):
-    """Continue PROMPT (or standard input when PROMPT is absent or "-"), streaming the text; timings on
-    standard error."""
+def generate(prompt, prompt_opt, max_tokens, as_json, **kwargs):
+    """Continue PROMPT (or -p TEXT, or standard input when both are absent or "-"), streaming the text;
+    timings on standard error."""
+    from click.core import ParameterSource
+
     from ._native import StrataError
     from .generate import generate as run
 
+    if prompt_opt is not None:
+        if prompt is None:
+            prompt = prompt_opt
+        elif click.get_current_context().get_parameter_source("prompt_opt") is ParameterSource.COMMANDLINE:
+            raise click.ClickException("the prompt is given twice, as PROMPT and as -p/--prompt: give one")
+        # else PROMPT on the command line wins over STRATA_PROMPT in the environment
     if prompt is None or prompt == "-":
         if sys.stdin.isatty() and prompt is None:
             raise click.ClickException('give a prompt: strata generate "Once upon a time" (or pipe text in)')

@@ -53,6 +53,7 @@ Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not app
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import uuid
 import weakref
@@ -134,7 +135,8 @@ class Completion:
     """The result of one request."""
     text: str
     tokens: list[int]
-    finish_reason: str                       # "stop" (EOS or a stop string), "length", or "error"
+    finish_reason: str                       # "stop" (EOS or a stop string), "length", "error", or
+                                             # "interrupted" (CompletionStream.stop())
     stats: dict = field(default_factory=dict)
     error: str | None = None                 # finish_reason "error": what went wrong (the watchdog's message)
 
@@ -152,8 +154,9 @@ class CompletionStream:
     """What generate(stream=True) returns: iterate it for text pieces (joined, they are the
     completion's text); afterwards `.completion` holds the Completion. Iterate it once."""
 
-    def __init__(self, gen: Iterator[str]):
+    def __init__(self, gen: Iterator[str], halt: threading.Event):
         self._gen = gen
+        self._halt = halt
         self._used = False
         self.completion: Completion | None = None
 
@@ -167,6 +170,13 @@ class CompletionStream:
         """Stop early (the session keeps every token evaluated so far)."""
         self._gen.close()
 
+    def stop(self) -> None:
+        """Ask the loop to end after the token it is on, as max_tokens would end it: the evaluation in
+        flight completes, the session keeps (and checkpoints) every token but the last one sampled, and
+        `.completion` gets finish_reason "interrupted" with its stats. It only sets a flag, so a signal
+        handler may call it (chat's Ctrl-C)."""
+        self._halt.set()
+
 
 # ------------------------------------------------------------------------------------ sessions
 
@@ -175,13 +185,39 @@ _eog_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def default_session(model):
-    """The session generate() uses for `model` when none is given (one per model, so that
-    consecutive requests reuse what they share)."""
+    """The model's own session: the one generate() uses when no session is given and no other call
+    holds it (one per model, so that consecutive requests reuse what they share)."""
     s = getattr(model, "_generate_session", None)
     if s is None:
         s = model.session()
         model._generate_session = s      # lives and dies with the model
     return s
+
+
+def _on_a_free_session(model, body):
+    """Generator: runs body(session) on the model's own session when no other call holds it, else on
+    a session made for this call alone and freed when it ends.
+
+    Why not a lock that makes a second call wait: a stream holds its session until it is exhausted
+    or closed, so a thread that opens a stream and makes another call before finishing it would wait
+    on itself, and an abandoned stream would stall every later call. Why not a session per call
+    always: consecutive calls would lose prefix reuse. libstrata runs sessions of one model on
+    several threads at once (strata.h), so calls that overlap only cost one session state each
+    (Model.state_bytes at most) while they overlap. The session is taken when the generator starts,
+    so a stream that is never iterated holds nothing."""
+    lock = model._generate_lock
+    if lock.acquire(blocking=False):
+        try:
+            return (yield from body(default_session(model)))
+        finally:
+            lock.release()
+    sess = model.session()
+    try:
+        return (yield from body(sess))
+    finally:
+        if sess in model._sessions:      # (model.close() may have emptied the list meanwhile)
+            model._sessions.remove(sess)
+        sess.close()
 
 
 def forget(sess) -> None:
@@ -243,7 +279,8 @@ def _check_fits(model, ids: list[int]) -> None:
 
 
 def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
-          mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S):
+          mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S,
+          halt: threading.Event | None = None):
     """Generator: yields text pieces, returns the Completion."""
     tr = trace.current()
     if tr is not None:
@@ -251,7 +288,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     trace.watchdog(watchdog_s)
     c = None
     try:
-        c = yield from _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook)
+        c = yield from _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, halt)
     finally:
         trace.watchdog(0)
         if tr is not None:
@@ -259,7 +296,7 @@ def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[in
     return c
 
 
-def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook):
+def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, halt=None):
     n_ctx = model.n_ctx
     _check_fits(model, ids)
     sampler = Sampler(params)
@@ -334,6 +371,13 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
                 break
         if crit.done:
             break
+        if halt is not None and halt.is_set():     # CompletionStream.stop(): tok stays unevaluated, as at max_tokens
+            emit = crit.text.push(dec.flush())
+            emit += crit.finish("interrupted")
+            if emit:
+                parts.append(emit)
+                yield emit
+            break
         tok = new[-1]
         step += 1
         try:
@@ -400,28 +444,39 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
              add_special: bool = True, mtp: int | None = None, checkpoint_at=(),
              draft_hook=None, watchdog_s: float | None = None) -> Completion | CompletionStream:
     """Continue `prompt` (text, or token ids) on `model`. Sampling arguments and defaults are
-    llama.cpp's (sampling.py documents each); max_tokens None or < 0: until an end-of-generation
-    token or a full context. `session`: a model.session() whose state to continue from (prefix
-    reuse, see the module docstring); default: one session per model, shared by these calls.
-    stream=False returns a Completion; stream=True a CompletionStream of text pieces. mtp: drafts per
-    verify window (None: the model's `mtp`; 0: off; pyrunner.mtp); checkpoint_at: prompt positions
-    to keep a prefix-reuse checkpoint at (e.g. where the next request's prompt will differ);
-    draft_hook: pyrunner.mtp's test hook; watchdog_s: abort the request after this many seconds without
-    progress (None: STRATA_WATCHDOG_S, else 600; <= 0: off), returning the partial output with
-    finish_reason "error" (module docstring)."""
+    llama.cpp's (sampling.py documents each). max_tokens: at most this many tokens; None or -1: until
+    an end-of-generation token or a full context; -2 (llama.cpp's "until the context is filled"): the
+    same, since Strata never shifts the context. `session`: a model.session() whose state to continue
+    from (prefix reuse, see the module docstring). Without one, the call runs on the model's own
+    session, which consecutive calls share (and reuse prefixes through); a call made while another
+    holds it (from another thread, or while a stream is still open) runs on a session of its own, so
+    calls from many threads give what the same calls give one after another. Calls on one given
+    `session` must not overlap. stream=False returns a Completion; stream=True a CompletionStream of
+    text pieces. mtp: drafts per verify window (None: the model's `mtp`; 0: off; pyrunner.mtp);
+    checkpoint_at: prompt positions to keep a prefix-reuse checkpoint at (e.g. where the next
+    request's prompt will differ); draft_hook: pyrunner.mtp's test hook; watchdog_s: abort the request
+    after this many seconds without progress (None: STRATA_WATCHDOG_S, else 600; <= 0: off), returning
+    the partial output with finish_reason "error" (module docstring)."""
     t_start = time.perf_counter()
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                      presence_penalty, frequency_penalty, seed, stop, logit_bias)
+    if params.max_tokens is not None and params.max_tokens < -2:
+        raise ValueError(f"max_tokens (-n) {params.max_tokens}: give a count >= 0, -1 (until the model ends or "
+                         f"the context is full) or -2 (until the context is filled)")
     ids = prompt_ids(model, prompt, add_special)
     _check_fits(model, ids)                  # now, not at the first piece of a stream
-    sess = session if session is not None else default_session(model)
     k = getattr(model, "mtp", 0) if mtp is None else int(mtp)
     if k < 0:
         raise ValueError(f"mtp must be >= 0 (got {k})")
-    gen = _loop(model, sess, ids, params, end_of_generation_ids(model), t_start, k, checkpoint_at, draft_hook,
-                trace.watchdog_seconds(watchdog_s))
+    eog = end_of_generation_ids(model)
+    wd = trace.watchdog_seconds(watchdog_s)
+    halt = threading.Event()         # CompletionStream.stop()
+
+    def body(sess):
+        return _loop(model, sess, ids, params, eog, t_start, k, checkpoint_at, draft_hook, wd, halt)
+    gen = body(session) if session is not None else _on_a_free_session(model, body)
     if stream:
-        return CompletionStream(gen)
+        return CompletionStream(gen, halt)
     try:
         while True:
             next(gen)
@@ -454,7 +509,9 @@ def create_completion(llm, prompt: str | Sequence[int], /, suffix: str | None = 
     """llama-cpp-python's Llama.create_completion: returns {"id", "object": "text_completion",
     "created", "model", "choices": [{"text", "index", "logprobs", "finish_reason"}], "usage"}, or with
     stream=True an iterator of such chunks (one per piece of text, then one with the finish reason).
-    Same defaults (max_tokens 16). Not supported: suffix, logprobs."""
+    Same defaults (max_tokens 16). Not supported: suffix, logprobs. Safe to call from several threads
+    at once on one model: without `session`, as generate() (a call that finds the model's own session
+    taken runs on one of its own)."""
     _unsupported(suffix=suffix, logprobs=logprobs)
     cid = f"cmpl-{uuid.uuid4()}"
     created = int(time.time())
@@ -551,7 +608,9 @@ def create_chat_completion(llm, messages: list[dict], /, functions=None, functio
     turn ends or the context is full). The prompt is the conversation rendered by the model's chat
     template (template_kwargs such as enable_thinking=False go to the template); `tools` are shown to
     the model through it, but tool calls are returned as text. Not supported: functions,
-    function_call, tool_choice, response_format, logprobs, top_logprobs."""
+    function_call, tool_choice, response_format, logprobs, top_logprobs. Safe to call from several
+    threads at once on one model: without `session`, as generate() (a call that finds the model's own
+    session taken runs on one of its own)."""
     _unsupported(functions=functions, function_call=function_call, tool_choice=tool_choice,
                  response_format=response_format, logprobs=logprobs, top_logprobs=top_logprobs)
     text = render_messages(llm, messages, tools=tools, chat_template=chat_template, **template_kwargs)

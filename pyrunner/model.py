@@ -10,10 +10,15 @@ the tokenizer and metadata a user touches, and the generation entry points (pyru
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import threading
+import warnings
 
 import numpy as np
 
+from . import generate as _generate
 from ._native import StrataError, check, ffi, lib
 
 KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
@@ -54,17 +59,54 @@ def _kv_type(name: str) -> int:
         raise ValueError(f"kv_type {name!r}: choose one of {', '.join(KV_TYPES)}") from None
 
 
+def _warn_threads_over_cores(threads) -> None:
+    """Warns when threads asks for more workers than the cores this process may run on (its CPU
+    affinity, which taskset and cgroup cpusets narrow, not os.cpu_count()): the pool's threads then
+    take turns on a core and every barrier of every step waits for the one descheduled."""
+    cores = len(os.sched_getaffinity(0))
+    if threads and int(threads) > cores:
+        # the default filter shows this once per call site, as the n_ctx warning below
+        warnings.warn(f"--threads {int(threads)}: this machine has {cores} core{'s' if cores != 1 else ''}; "
+                      f"more threads than cores slow every step", UserWarning, stacklevel=3)
+
+
+# The longest default context: libstrata's default n_ctx (32768), so both sides agree on one number.
+N_CTX_DEFAULT_MAX = int(lib.strata_model_default_params().n_ctx)
+
+
+def trained_context(metadata: dict) -> int | None:
+    """The context the model was trained on: `<arch>.context_length` (None when the file has none)."""
+    v = metadata.get(f"{metadata.get('general.architecture', 'qwen4exp')}.context_length")
+    return int(v) if isinstance(v, (int, np.integer)) and v > 0 else None
+
+
+def _model_method(fn):
+    """A Model method that is pyrunner.generate's `fn` with the model as its first argument: the
+    same parameters, defaults and docstring, so help() and inspect.signature() show them."""
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        return fn(self, *args, **kwargs)
+    sig = inspect.signature(fn)
+    first, *rest = sig.parameters.values()
+    method.__signature__ = sig.replace(parameters=[first.replace(name="self"), *rest])
+    return method
+
+
 class Model:
     """A loaded qwen4exp GGUF. Weights stay mapped from the file; sessions hold sequence state."""
 
-    def __init__(self, path, threads: int | None = None, n_ctx: int = 32768, device: str = "cpu",
+    def __init__(self, path=None, threads: int | None = None, n_ctx: int | None = None, device: str = "cpu",
                  cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
                  mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
                  sim_link_gbps: float | None = None, tail_skip: int | None = None,
-                 prefill_stream_min: int | None = None, expert_pack: str | None = "auto"):
-        """device: "cpu" (every expert on the CPU pool), "sim" (a simulated GPU: host memory, a
-        copy engine of sim_link_gbps GB/s, default 16) or "cuda"; cache_gib: device memory for
-        resident experts; pcie_frac: share of missing experts sent over the link (None: from the
+                 prefill_stream_min: int | None = None, expert_pack: str | None = "auto", *,
+                 model_path=None):
+        """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
+        split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
+        `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
+        saw such positions). device: "cpu" (every expert on the CPU pool), "sim" (a simulated GPU:
+        host memory, a copy engine of sim_link_gbps GB/s, default 16) or "cuda"; cache_gib: device
+        memory for resident experts; pcie_frac: share of missing experts sent over the link (None: from the
         link probe, then adapted by pyrunner.controller during generation); tail_skip: rank K from
         which a non-resident expert is skipped (None: STRATA_ROUTE_TAIL_SKIP, else DESIGN §4's
         default: 7 on the offload path while the cache holds < 90 % of expert bytes, off on cpu);
@@ -72,10 +114,14 @@ class Model:
         through the device's staging ring, borrowing cache slots (default 1024); expert_pack: the
         expert pack copies read from ("auto": built next to the model on first use with a device, see
         pyrunner.expert_pack; None: copy each expert's pieces from the GGUF)."""
-        path = os.fspath(path)
+        if path is not None and model_path is not None:
+            raise TypeError("Model(): give the GGUF as path or as model_path, not both")
+        if path is None and model_path is None:
+            raise TypeError("Model(): give the GGUF's path, e.g. Model('m.gguf')")
+        path = os.fspath(path if path is not None else model_path)
         if device not in DEVICES:
             raise ValueError(f"device {device!r}: choose one of {', '.join(DEVICES)}")
-        if n_ctx <= 0:
+        if n_ctx is not None and n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive (got {n_ctx})")
         if prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive (got {prefill_chunk})")
@@ -85,12 +131,16 @@ class Model:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file {path!r} does not exist")
+        self.path = path
+        self._metadata = None
+        trained = trained_context(self.metadata)
+        if n_ctx is None:
+            n_ctx = min(trained or N_CTX_DEFAULT_MAX, N_CTX_DEFAULT_MAX)
         if tail_skip is None:
             env = os.environ.get("STRATA_ROUTE_TAIL_SKIP")
             tail_skip = int(env) if env not in (None, "") else -1
         if sim_link_gbps is None:
             sim_link_gbps = _env_float("STRATA_SIM_LINK_GBPS") or 16.0
-        self.path = path
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
@@ -98,6 +148,7 @@ class Model:
             raise ValueError(f"mtp must be >= 0 (got {mtp})")
         self.mtp = int(mtp)                    # drafts per verify window generate() uses (0: off)
         self.pcie_frac_fixed = pcie_frac is not None
+        _warn_threads_over_cores(threads)
         p = ffi.new("strata_model_params *", lib.strata_model_default_params())
         p.n_threads = int(threads or 0)
         p.n_ctx = int(n_ctx)
@@ -134,9 +185,14 @@ class Model:
         self.has_ple = self.ple_layer >= 0
         self.n_mtp = int(info.n_mtp)            # MTP blocks in the file (0: no draft head)
         self.n_hidden = int(info.n_hidden)
-        self._metadata = None
         self._tokenizer = None
         self._sessions = []
+        self._generate_lock = threading.Lock()   # held by the call running on the model's own session
+        if trained is not None and self.n_ctx > trained:
+            # the default filter shows this once per call site: a loop that loads models warns once
+            warnings.warn(f"n_ctx {self.n_ctx} is more than {path} was trained on ({trained} tokens, its "
+                          f"context_length): output past {trained} tokens may degrade; leave n_ctx (--n-ctx) "
+                          f"unset for the trained context", UserWarning, stacklevel=2)
 
     # ------------------------------------------------------------------ metadata and tokens
     @property
@@ -198,17 +254,11 @@ class Model:
         return s
 
     # ------------------------------------------------------------------ generation (pyrunner.generate)
-    def generate(self, prompt, **kw):
-        from . import generate
-        return generate.generate(self, prompt, **kw)
-
-    def create_completion(self, prompt, **kw):
-        from . import generate
-        return generate.create_completion(self, prompt, **kw)
-
-    def create_chat_completion(self, messages, **kw):
-        from . import generate
-        return generate.create_chat_completion(self, messages, **kw)
+    # Safe from several threads at once: a call without session= that finds the model's own session
+    # taken runs on a session of its own (pyrunner.generate._on_a_free_session says why).
+    generate = _model_method(_generate.generate)
+    create_completion = _model_method(_generate.create_completion)
+    create_chat_completion = _model_method(_generate.create_chat_completion)
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

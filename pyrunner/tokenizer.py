@@ -3,7 +3,9 @@
 The hot loop (added-token matching, the Qwen pre-tokenizer split, BPE merges) is native
 (native/src/tokenizer/). Python does what it does best around it: NFC normalisation where
 the source tokenizer has it (Qwen's HF tokenizers do; DESIGN §8), BOS/EOS, and streaming
-decode that never splits a UTF-8 sequence across token boundaries.
+decode that never splits a UTF-8 sequence across token boundaries. Text that is not UTF-8 is
+refused by the native encoder, the one check on the way to ids ("the prompt is not valid UTF-8
+at byte N"); Python passes such text on as the caller's bytes so that N counts in them.
 
     tok = Tokenizer.from_gguf("model.gguf")
     ids = tok.tokenize("Hello <|im_end|>")            # add_special=True, parse_special=True
@@ -19,7 +21,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import StrataError, check, ffi, last_error, lib
 
 PRE = {"qwen2": lib.STRATA_TOKENIZER_PRE_QWEN2, "qwen35": lib.STRATA_TOKENIZER_PRE_QWEN35}
 # Pre-tokenizer names other tools write for the same two patterns.
@@ -27,6 +29,26 @@ _PRE_ALIASES = {"qwen3": "qwen2", "qwen3.5": "qwen35", "qwen3_5": "qwen35"}
 NORMALIZERS = ("NFC", "none")
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+
+
+class InvalidTextError(StrataError, ValueError):
+    """Text to tokenize is not valid UTF-8; the message names the byte offset
+    ("the prompt is not valid UTF-8 at byte N ...")."""
+
+
+def _raw_surrogates(e: UnicodeEncodeError) -> tuple[bytes, int]:
+    """Codec error handler: a lone surrogate back to bytes. U+DC80..U+DCFF are the bytes that
+    Python escaped while decoding argv, a file name or a stream with surrogateescape (PEP 383),
+    so they become those bytes again; any other surrogate becomes its 3-byte form (ED xx xx).
+    Either way the native encoder then sees what the caller gave and names the byte offset."""
+    out = bytearray()
+    for ch in e.object[e.start:e.end]:
+        c = ord(ch)
+        out += bytes([c - 0xDC00]) if 0xDC80 <= c <= 0xDCFF else ch.encode("utf-8", "surrogatepass")
+    return bytes(out), e.end
+
+
+codecs.register_error("strata.raw_surrogates", _raw_surrogates)
 
 
 def _pack(strings: Sequence[str | bytes]) -> tuple[bytes, np.ndarray]:
@@ -139,19 +161,41 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encode / decode
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Token ids of text. add_special adds BOS/EOS where the model asks for them;
-        parse_special matches control tokens written in the text (user-defined ones always)."""
-        if self.normalizer == "NFC":
-            text = unicodedata.normalize("NFC", text)
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"text holds a lone surrogate at index {e.start}; it cannot be tokenized") from None
+    def _utf8(self, text: str | bytes) -> bytes:
+        """The bytes to encode: text in UTF-8, NFC-normalised where the tokenizer normalises.
+        Text that is not valid UTF-8 (bytes, or a str holding lone surrogates) is passed on as
+        the caller gave it, not normalised, so that the native encoder's check (the only one)
+        reports the byte offset in the caller's text."""
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                return data
+        elif isinstance(text, str):
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError:
+                return text.encode("utf-8", "strata.raw_surrogates")
+        else:
+            raise TypeError(f"tokenize takes str or bytes, not {type(text).__name__}")
+        if self.normalizer == "NFC" and not unicodedata.is_normalized("NFC", text):
+            return unicodedata.normalize("NFC", text).encode("utf-8")
+        return data
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of text (str, or UTF-8 bytes). add_special adds BOS/EOS where the model asks
+        for them; parse_special matches control tokens written in the text (user-defined ones
+        always). Text that is not valid UTF-8 raises InvalidTextError (a ValueError) naming the
+        byte offset; a str's lone surrogates count as the bytes they escape (see _raw_surrogates)."""
+        data = self._utf8(text)
         buf = np.empty(len(data) + 1, dtype=np.int32)   # every id consumes at least one byte
         n = ffi.new("uint64_t *")
-        check(lib.strata_tokenizer_encode(self._t, data, len(data), 1 if parse_special else 0,
-                                          ffi.from_buffer("int32_t[]", buf), len(buf), n))
+        st = lib.strata_tokenizer_encode(self._t, data, len(data), 1 if parse_special else 0,
+                                         ffi.from_buffer("int32_t[]", buf), len(buf), n)
+        if st == lib.STRATA_ERR_INVALID_ARG:    # the one argument error a caller's text can cause
+            raise InvalidTextError(st, last_error())
+        check(st)
         ids = buf[:n[0]].tolist()
         if add_special:
             if self.add_bos:

@@ -294,3 +294,61 @@ def test_chat_turns_continue_the_generated_tokens_exactly(model):
     assert c3.stats["reused_prompt_tokens"] >= len(ids1) and sess.resets == 0
     assert sess.evaluated - before == len(ids3) - c3.stats["reused_prompt_tokens"] + c3.stats["generated_tokens"] - 1
     assert c3.tokens == generate(model, ids3, max_tokens=2, temperature=0, session=model.session()).tokens
+
+
+# ------------------------------------------------------------------ one model, many threads
+
+_NAMES = ("apple", "berry", "cedar", "delta")
+
+
+def _thread_calls(i, ban):
+    """Thread i's three requests on the model's own session (no session= argument): the three entry
+    points, greedy and seeded, one of them streamed. No prompt is a prefix of another, so the
+    sequential run's answers do not depend on the order the calls come in."""
+    kw = dict(max_tokens=8, logit_bias=ban)
+    name = _NAMES[i]
+    return [
+        lambda m: m.generate(f"{name} 0 {PROMPT}", temperature=0, **kw).tokens,
+        lambda m: m.create_completion(f"{name} 1 {PROMPT}", temperature=1.0, top_k=0, seed=100 + i,
+                                      **kw)["choices"][0]["text"],
+        lambda m: "".join(c["choices"][0]["delta"].get("content", "") for c in m.create_chat_completion(
+            [{"role": "user", "content": f"{name} 2 tell me"}], temperature=0.7, seed=7 + i, stream=True, **kw)),
+    ]
+
+
+def test_calls_from_many_threads_equal_the_same_calls_one_after_another(tiny_path, ban):
+    import threading
+
+    with Model(tiny_path, threads=2, n_ctx=512, kv_type="f32") as m:
+        want = [[call(m) for call in _thread_calls(i, ban)] for i in range(4)]
+    got = [None] * 4
+    errors = []
+    with Model(tiny_path, threads=2, n_ctx=512, kv_type="f32") as m:
+        start = threading.Barrier(4)
+
+        def run(i):
+            try:
+                start.wait()
+                got[i] = [call(m) for call in _thread_calls(i, ban)]
+            except Exception as e:      # reported below: an exception in a thread would go unseen
+                errors.append(repr(e))
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert m._sessions == [m._generate_session]     # the calls' own sessions were freed
+    assert not errors, errors
+    assert got == want
+
+
+def test_a_stream_left_open_does_not_block_or_disturb_other_calls(model, ban):
+    kw = dict(max_tokens=10, temperature=0, logit_bias=ban)
+    whole = generate(model, "stream " + PROMPT, session=model.session(), **kw)
+    other = generate(model, "other " + PROMPT, session=model.session(), **kw)
+    s = model.generate("stream " + PROMPT, stream=True, **kw)      # holds the model's own session ...
+    it = iter(s)
+    first = next(it)
+    mid = model.generate("other " + PROMPT, **kw)                  # ... so this call runs on a session of its own
+    assert mid.tokens == other.tokens
+    assert first + "".join(it) == whole.text and s.completion.tokens == whole.tokens

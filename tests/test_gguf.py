@@ -296,6 +296,17 @@ def _expect_format_error(path, *needles, opener=GGUFFile):
     return msg
 
 
+def test_truncated_split_names_the_short_file(tmp_path):
+    """A shard cut inside its tensor data: the message names that shard and both sizes."""
+    paths = _write_split(tmp_path)
+    data = paths[1].read_bytes()
+    need = max(t.data_offset + t.n_bytes for t in GGUFReader(str(paths[1])).tensors)
+    paths[1].write_bytes(data[:need - 10])
+    msg = _expect_format_error(paths[0], f"{paths[1]}: the file has {need - 10} bytes, its tensors need {need}: "
+                                         "the copy is incomplete (download it again)")
+    assert str(paths[0]) not in msg
+
+
 def test_split_errors(tmp_path):
     d = tmp_path / "missing"
     d.mkdir()
@@ -382,7 +393,8 @@ def _ok_base():
 CORRUPT = {
     # name: (builder -> bytes, substrings the message must contain)
     "bad_magic": (lambda: b"GGUX" + _ok_base().build()[4:], ["not a GGUF file", "47 47 55 58"]),
-    "short_magic": (lambda: b"GG", ["not a GGUF file"]),
+    "short_magic": (lambda: b"GG", ["ends after 2 bytes [47 47]", "cut short"]),
+    "short_not_magic": (lambda: b"GX", ["not a GGUF file", "and ends there"]),
     "version_1": (lambda: RawGGUF(version=1).build(), ["version 1 is not supported"]),
     "version_4": (lambda: RawGGUF(version=4).build(), ["unknown GGUF version 4"]),
     "big_endian": (lambda: b"GGUF" + struct.pack(">I", 3) + _ok_base().build()[8:], ["big-endian"]),
@@ -415,7 +427,7 @@ CORRUPT = {
     "alignment_wrong_type": (lambda: _ok_base().kv("general.alignment", VT.UINT64, struct.pack("<Q", 64)).build(),
                              ["general.alignment must be a u32"]),
     "offset_past_end": (lambda: _ok_base().tensor("w", [8], QT.F32, 0).build(b"\0" * 31),
-                        ["tensor 0 'w'", "past the end"]),
+                        ["the file has", "its tensors need", "the copy is incomplete", "tensor 0 'w' ends there"]),
     "huge_offset": (lambda: _ok_base().tensor("w", [8], QT.F32, 2**64 - 32).build(b"\0" * 32),
                     ["tensor 0 'w'", "past the end"]),
     "misaligned_offset": (lambda: _ok_base().tensor("w", [8], QT.F32, 4).build(b"\0" * 64),
@@ -486,7 +498,9 @@ def _small_valid(tmp_path):
 
 def test_truncation_at_every_byte(tmp_path):
     """Cutting the file anywhere before the end of the last tensor's data is a FormatError
-    naming the file; cutting only the trailing padding still opens."""
+    naming the file and saying it is cut short (a cut inside the magic or into a count may also
+    be another file or a corrupt field, and says so); cutting only the trailing padding still
+    opens."""
     src = _small_valid(tmp_path)
     data = src.read_bytes()
     info = gguf_info(src)
@@ -497,7 +511,13 @@ def test_truncation_at_every_byte(tmp_path):
     for n in range(len(data)):
         cut.write_bytes(data[:n])
         if n < end:
-            _expect_format_error(cut, "cut.gguf")
+            msg = _expect_format_error(cut, "cut.gguf")
+            if n == 0:
+                assert "the file is empty" in msg
+            elif n >= info["tensors"][0]["offset"]:    # the header is whole, the data is not
+                assert f"the file has {n} bytes, its tensors need {end}: the copy is incomplete" in msg, msg
+            else:                                      # inside the header, or in the padding after it
+                assert "cut short" in msg or f"its tensors need {end}: the copy is incomplete" in msg, msg
             assert lib.strata_gguf_open_memory(data[:n], n, b"cut", out) == lib.STRATA_ERR_FORMAT
         else:
             assert gguf_info(cut) == info

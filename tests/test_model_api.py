@@ -214,3 +214,78 @@ def test_close_frees_and_refuses_use(tiny):
         s.eval([4])
     with Model(tiny, threads=1, n_ctx=64) as m2:
         assert m2.session().eval([1]).shape == (m2.n_vocab,)
+
+
+# ------------------------------------------------------------------ context length, llama-cpp-python habits
+
+def _with_context(tmp_path_factory, n: int) -> str:
+    """The tiny preset trained (says its context_length) on n tokens."""
+    import json
+
+    d = tmp_path_factory.mktemp(f"ctx{n}")
+    with open(Path(models.presets_dir()) / "tiny.json") as f:
+        p = json.load(f)
+    p["max_position_embeddings"] = n
+    (d / "preset.json").write_text(json.dumps(p))
+    models.make_model(str(d / "preset.json"), str(d / "m.gguf"), recipe="f32", seed=3)
+    return str(d / "m.gguf")
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory) -> str:
+    return _with_context(tmp_path_factory, 64)
+
+
+def test_default_context_is_the_trained_one_up_to_32768(short, tiny, tmp_path_factory):
+    import warnings
+
+    long = _with_context(tmp_path_factory, 65536)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # the default never warns
+        for path, trained, want in ((short, 64, 64), (tiny, 4096, 4096), (long, 65536, 32768)):
+            m = Model(path, threads=1)
+            assert m.metadata["qwen4exp.context_length"] == trained
+            assert (m.n_ctx_train, m.n_ctx) == (trained, want)
+            m.close()
+    m = Model(short, threads=1, kv_type="f32")
+    s = m.session()
+    s.eval(_ids(64))
+    with pytest.raises(StrataError, match="exceed the context of 64"):
+        s.eval([1])
+
+
+def test_more_context_than_trained_warns_once(short):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")             # count every warning, not once per place
+        m = Model(short, threads=1, n_ctx=128, kv_type="f32")
+        assert m.n_ctx == 128
+        m.generate("hello world", max_tokens=4, temperature=0)
+        m.session().eval(_ids(100))
+        Model(short, threads=1, n_ctx=64).close()   # as much as trained: no warning
+    assert len(caught) == 1 and caught[0].category is UserWarning
+    msg = str(caught[0].message)
+    assert "n_ctx 128" in msg and "trained on (64 tokens" in msg and short in msg
+
+
+def test_model_path_is_llama_cpp_pythons_name_for_path(tiny):
+    m = Model(model_path=tiny, threads=1, n_ctx=32)
+    assert m.path == tiny and m.n_ctx == 32
+    with pytest.raises(TypeError, match="not both"):
+        Model(tiny, model_path=tiny)
+    with pytest.raises(TypeError, match="give the GGUF's path"):
+        Model()
+
+
+def test_completion_methods_show_their_parameters():
+    import inspect
+
+    for name in ("generate", "create_completion", "create_chat_completion"):
+        meth = getattr(Model, name)
+        params = inspect.signature(meth).parameters
+        assert list(params)[0] == "self"
+        assert {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "session"} <= set(params)
+        assert "session" in meth.__doc__ and "threads" in meth.__doc__
+    assert inspect.signature(Model.generate).parameters["max_tokens"].default == 256
+    assert inspect.signature(Model.create_completion).parameters["max_tokens"].default == 16

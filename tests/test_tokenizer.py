@@ -13,6 +13,7 @@ import importlib
 
 import hashlib
 import json
+import os
 import random
 import sys
 import time
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pyrunner._native import StrataError
-from pyrunner.tokenizer import Tokenizer
+from pyrunner._native import StrataError, lib
+from pyrunner.tokenizer import InvalidTextError, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "build" / "test-cache"
@@ -335,10 +336,52 @@ def test_errors_name_what_is_wrong():
     tok = Tokenizer(tokens)
     with pytest.raises(StrataError, match=r"ids\[1\] = 999 is out of range"):
         tok.detokenize([1, 999])
-    with pytest.raises(ValueError, match="lone surrogate"):
+    with pytest.raises(ValueError, match="the prompt is not valid UTF-8 at byte 1 "):
         tok.tokenize("a\ud800")
     with pytest.raises(StrataError, match="0x61 has no token"):
         Tokenizer([t2h.byte_level(bytes([b])) for b in range(256) if b != ord("a")]).tokenize("a")
+
+
+def _bytes_tokenizer(**kw) -> Tokenizer:
+    """Every single byte is a token: any valid UTF-8 tokenizes, so only the UTF-8 check can fail."""
+    return Tokenizer([t2h.byte_level(bytes([b])) for b in range(256)], **kw)
+
+
+def test_invalid_utf8_is_refused_at_the_byte_python_names():
+    """Oracle: Python's strict UTF-8 decoder. Random byte strings, biased to the bytes UTF-8 is
+    made of, tokenize exactly when they decode, and otherwise fail naming the byte offset that
+    UnicodeDecodeError.start gives (the first byte of the first malformed sequence)."""
+    tok = _bytes_tokenizer(normalizer="none")
+    rng = random.Random(15)
+    alphabet = [0x41, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2, 0xdf, 0xe0, 0xe1, 0xed,
+                0xee, 0xef, 0xf0, 0xf1, 0xf4, 0xf5, 0xff]
+    refused = 0
+    for _ in range(4000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            refused += 1
+            with pytest.raises(InvalidTextError) as got:
+                tok.tokenize(data)
+            assert str(got.value).startswith(f"the prompt is not valid UTF-8 at byte {e.start} "), (data, got.value)
+            assert got.value.status == lib.STRATA_ERR_INVALID_ARG
+        else:
+            assert tok.tokenize(data) == list(data)
+    assert 1000 < refused < 4000
+
+
+def test_str_with_surrogates_is_checked_as_the_bytes_it_escapes():
+    """argv and stdin bytes that are not UTF-8 reach Python as surrogate escapes (PEP 383): they
+    count as those bytes; other lone surrogates as their 3-byte form. Offsets are the caller's,
+    before NFC would have merged "e" + U+0301 into one character."""
+    tok = _bytes_tokenizer()
+    assert tok._utf8("e\u0301") == "\u00e9".encode()            # valid text is normalised
+    for text, at in [(os.fsdecode(b"ab\xff"), 2), ("e\u0301\udcff", 3), ("\ud800", 0), ("ok\udfff", 2)]:
+        with pytest.raises(ValueError, match=f"^the prompt is not valid UTF-8 at byte {at} "):
+            tok.tokenize(text)
+    with pytest.raises(TypeError, match="str or bytes"):
+        tok.tokenize(12)
 
 
 def test_from_gguf_refuses_other_models(tmp_path):

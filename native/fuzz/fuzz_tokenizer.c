@@ -6,7 +6,9 @@
  * Input byte 0 picks the mode:
  *   bits 0-1 = 0..2  encode the rest with a fixed byte-level vocabulary (bit 0: qwen35
  *                    pattern; bit 2: parse_special); decoding must give the input back
- *                    byte for byte, and every id must be in range;
+ *                    byte for byte, and every id must be in range; input that is not UTF-8
+ *                    must be refused at a byte N such that the N bytes before it encode and
+ *                    the rest is refused at its byte 0;
  *   bits 0-1 = 3     the rest is a vocabulary: NUL-separated segments, the first
  *                    (byte 1 % 32 + 1) are tokens (type from their first byte), the others
  *                    merges; init must either succeed (then encode a fixed
@@ -82,12 +84,29 @@ static void build_fixed(void) {
     }
 }
 
+/* The N of "the prompt is not valid UTF-8 at byte N ..." after a refused encode. */
+static uint64_t refused_at(void) {
+    static const char head[] = "the prompt is not valid UTF-8 at byte ";
+    const char *msg = strata_last_error();
+    require(strncmp(msg, head, sizeof head - 1) == 0);
+    return strtoull(msg + sizeof head - 1, NULL, 10);
+}
+
 /* Encodes and decodes; the bytes must come back unchanged. */
 static void round_trip(const strata_tokenizer *tok, const uint8_t *text, size_t n, int parse_special) {
     uint64_t need = 0;
     int32_t *ids = malloc((n + 1) * sizeof *ids);
     require(ids != NULL);
     strata_status st = strata_tokenizer_encode(tok, (const char *)text, n, parse_special, ids, n + 1, &need);
+    if (st == STRATA_ERR_INVALID_ARG) {
+        free(ids);
+        const uint64_t at = refused_at();
+        require(at < n);
+        round_trip(tok, text, (size_t)at, parse_special);   /* what comes before is valid */
+        require(strata_tokenizer_encode(tok, (const char *)text + at, n - at, parse_special, NULL, 0, &need) ==
+                STRATA_ERR_INVALID_ARG && refused_at() == 0);
+        return;
+    }
     require(st == STRATA_OK && need <= n + 1);
     const int64_t nt = strata_tokenizer_n_tokens(tok);
     for (uint64_t i = 0; i < need; i++) require(ids[i] >= 0 && ids[i] < nt);

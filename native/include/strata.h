@@ -270,7 +270,12 @@ int64_t strata_tokenizer_n_tokens(const strata_tokenizer *tok);
 /* Encodes text_len bytes of UTF-8 into token ids. Writes at most `capacity` ids to `ids`
  * and sets *n_ids to the number the text needs; STRATA_ERR_BUFFER_TOO_SMALL when that is
  * more than capacity (call again with a larger buffer; ids is then partly written).
- * parse_special: 1 matches CONTROL tokens in the text; 0 encodes them as plain text. */
+ * parse_special: 1 matches CONTROL tokens in the text; 0 encodes them as plain text.
+ * Text that is not well-formed UTF-8 (Unicode's definition, as Python's strict decoder:
+ * no overlong forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF, no sequence cut
+ * off by the end) fails with STRATA_ERR_INVALID_ARG before anything is written, and
+ * strata_last_error() reads "the prompt is not valid UTF-8 at byte N (0xXX); ..." where N is
+ * the 0-based offset of the first byte of the first malformed sequence. */
 strata_status strata_tokenizer_encode(const strata_tokenizer *tok, const char *text,
                                       uint64_t text_len, int32_t parse_special, int32_t *ids,
                                       uint64_t capacity, uint64_t *n_ids);

@@ -1,5 +1,6 @@
 /* test_api.c — native unit tests of the pieces under everything: status/error reporting,
- * the thread pool, half-precision conversion, activation quantization (scalar == AVX2). */
+ * the thread pool, half-precision conversion, activation quantization (scalar == AVX2), and
+ * the tokenizer's refusal of text that is not UTF-8. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,11 +165,61 @@ static void test_act_quant(void) {
     }
 }
 
+/* strata_tokenizer_encode refuses malformed UTF-8 with the offset of the first bad byte,
+ * leaves its outputs alone, and takes well-formed multi-byte text. */
+static void test_tokenizer_utf8(void) {
+    /* byte-level tokens (GPT-2's byte map): a b c, then the bytes of "é" (C3 A9) and "€" (E2 82 AC) */
+    static const char *toks[] = {"a", "b", "c", "\xc3\x83", "\xc2\xa9", "\xc3\xa2", "\xc4\xa4", "\xc2\xac"};
+    enum { NT = sizeof toks / sizeof toks[0] };
+    char data[64];
+    uint32_t lens[NT];
+    size_t off = 0;
+    for (int i = 0; i < NT; i++) {
+        lens[i] = (uint32_t)strlen(toks[i]);
+        memcpy(data + off, toks[i], lens[i]);
+        off += lens[i];
+    }
+    strata_tokenizer *tok = NULL;
+    strata_tokenizer_params p = strata_tokenizer_default_params();
+    CHECK(strata_tokenizer_init(data, lens, NULL, NT, "", NULL, 0, &p, &tok) == STRATA_OK, "init: %s",
+          strata_last_error());
+    if (!tok) return;
+    int32_t ids[16];
+    uint64_t n = 0;
+    CHECK(strata_tokenizer_encode(tok, "a\xc3\xa9\xe2\x82\xac", 6, 1, ids, 16, &n) == STRATA_OK && n == 6,
+          "valid text: %s", strata_last_error());
+    static const struct { const char *text; uint64_t at; } bad[] = {
+        {"\xff", 0},              /* never in UTF-8 */
+        {"ab\x80" "c", 2},        /* a lone continuation byte */
+        {"a\xc3", 1},             /* a sequence cut off by the end */
+        {"a\xe2\x82", 1},
+        {"\xe2\x82" "a", 0},       /* cut off by an ASCII byte */
+        {"\xc0\xaf", 0},          /* overlong "/" */
+        {"\xe0\x80\xaf", 0},
+        {"\xc3\xa9\xed\xa0\x80", 2}, /* a surrogate, U+D800, after a valid "é" */
+        {"\xf4\x90\x80\x80", 0},  /* above U+10FFFF */
+        {"abc\xf5", 3},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char want[96];
+        snprintf(want, sizeof want, "the prompt is not valid UTF-8 at byte %llu (", (unsigned long long)bad[k].at);
+        n = 777;
+        ids[0] = -5;
+        const strata_status st = strata_tokenizer_encode(tok, bad[k].text, strlen(bad[k].text), 1, ids, 16, &n);
+        CHECK(st == STRATA_ERR_INVALID_ARG, "case %zu: status %d", k, (int)st);
+        CHECK(strncmp(strata_last_error(), want, strlen(want)) == 0, "case %zu: message '%s', expected '%s...'", k,
+              strata_last_error(), want);
+        CHECK(n == 777 && ids[0] == -5, "case %zu: outputs written on failure", k);
+    }
+    strata_tokenizer_free(tok);
+}
+
 int main(void) {
     test_errors();
     test_pool();
     test_fp16();
     test_act_quant();
+    test_tokenizer_utf8();
     if (g_failures) {
         fprintf(stderr, "test_api: %d failures\n", g_failures);
         return 1;

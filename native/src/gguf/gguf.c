@@ -121,20 +121,43 @@ typedef struct {
     uint64_t pool_cap;
 } gguf_parser;
 
-__attribute__((format(printf, 3, 4)))
-static strata_status perr(const gguf_parser *p, uint64_t off, const char *fmt, ...) {
+/* What a user can do about a header that ends too soon. Most such files are an interrupted
+ * download or copy, so the message says so; where a count or length read from the file runs
+ * past its end, a corrupt field is as likely, and the message says both. */
+#define GGUF_CUT_SHORT ": the file is cut short, the copy is incomplete (download it again)"
+#define GGUF_CUT_OR_CORRUPT ": the file is cut short or corrupt (download it again)"
+
+__attribute__((format(printf, 4, 0)))
+static strata_status vperr(const gguf_parser *p, uint64_t off, const char *tail, const char *fmt, va_list ap) {
     char detail[512];
     char path[GGUF_MAX_DEPTH * 24 + 8];
     size_t n = 0;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
     path[0] = '\0';
     for (int d = 0; d < p->depth && n < sizeof path; d++)
         n += (size_t)snprintf(path + n, sizeof path - n, "[%" PRIu64 "]", p->idx[d]);
-    return strata_fail(STRATA_ERR_FORMAT, "%s: %s%s: %s (byte offset %" PRIu64 ")", p->f->name,
-                       p->where, path, detail, off);
+    return strata_fail(STRATA_ERR_FORMAT, "%s: %s%s: %s (byte offset %" PRIu64 ")%s", p->f->name,
+                       p->where, path, detail, off, tail);
+}
+
+__attribute__((format(printf, 3, 4)))
+static strata_status perr(const gguf_parser *p, uint64_t off, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const strata_status st = vperr(p, off, "", fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* perr for a file that ends too soon; tail is GGUF_CUT_SHORT (the file ends inside a field of
+ * fixed size) or GGUF_CUT_OR_CORRUPT (a count or length read from it runs past its end). */
+__attribute__((format(printf, 4, 5)))
+static strata_status perr_end(const gguf_parser *p, uint64_t off, const char *tail, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const strata_status st = vperr(p, off, tail, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 /* where = "<what> <i>" or "<what> <i> '<name>'" with the name made printable and cut short. */
@@ -158,8 +181,8 @@ static inline uint64_t left(const gguf_parser *p, uint64_t pos) { return p->size
 
 static strata_status need(const gguf_parser *p, uint64_t pos, uint64_t n, const char *what) {
     if (left(p, pos) < n)
-        return perr(p, pos, "%s: the data ends after %" PRIu64 " of its %" PRIu64 " bytes", what,
-                    left(p, pos), n);
+        return perr_end(p, pos, GGUF_CUT_SHORT, "%s: the data ends after %" PRIu64 " of its %" PRIu64 " bytes",
+                        what, left(p, pos), n);
     return STRATA_OK;
 }
 
@@ -198,8 +221,8 @@ static strata_status parse_string(gguf_parser *p, uint64_t *pos, const char *wha
     if (st) return st;
     const uint64_t n = ld_u64(p->base + at);
     if (n > left(p, at + 8))
-        return perr(p, at, "%s length %" PRIu64 " runs past the end of the data (%" PRIu64
-                    " bytes left)", what, n, left(p, at + 8));
+        return perr_end(p, at, GGUF_CUT_OR_CORRUPT, "%s length %" PRIu64 " runs past the end of the data (%"
+                        PRIu64 " bytes left)", what, n, left(p, at + 8));
     *s = p->base + at + 8;
     *len = n;
     *pos = at + 8 + n;
@@ -258,8 +281,9 @@ static strata_status parse_value(gguf_parser *p, uint64_t *pos, uint32_t type, s
     const uint32_t esz = gguf_scalar_size(et);
     if (esz) {
         if (n > left(p, body) / esz)
-            return perr(p, at + 4, "array count %" PRIu64 " of %s (%" PRIu32 " bytes each) cannot fit in the %"
-                        PRIu64 " bytes left", n, value_type_name(et), esz, left(p, body));
+            return perr_end(p, at + 4, GGUF_CUT_OR_CORRUPT, "array count %" PRIu64 " of %s (%" PRIu32
+                            " bytes each) cannot fit in the %" PRIu64 " bytes left", n, value_type_name(et), esz,
+                            left(p, body));
         if (et == STRATA_GGUF_BOOL && (st = check_bools(p, body, n))) return st;
         out->data = p->base + body;
         *pos = body + n * esz;
@@ -270,8 +294,8 @@ static strata_status parse_value(gguf_parser *p, uint64_t *pos, uint32_t type, s
      * rejected here, before any element is looked at. */
     const uint64_t min_elem = et == STRATA_GGUF_STRING ? 8 : 12;
     if (n > left(p, body) / min_elem)
-        return perr(p, at + 4, "array count %" PRIu64 " of %s cannot fit in the %" PRIu64 " bytes left",
-                    n, value_type_name(et), left(p, body));
+        return perr_end(p, at + 4, GGUF_CUT_OR_CORRUPT, "array count %" PRIu64 " of %s cannot fit in the %"
+                        PRIu64 " bytes left", n, value_type_name(et), left(p, body));
 
     gguf_file *f = p->f;
     uint64_t cur = body;
@@ -331,6 +355,10 @@ static strata_status parse_header(gguf_parser *p, uint64_t *n_tensors, uint64_t 
         size_t k = 0;
         for (uint64_t i = 0; i < 4 && i < p->size; i++)
             k += (size_t)snprintf(shown + k, sizeof shown - k, "%s%02x", i ? " " : "", p->base[i]);
+        /* the first bytes of "GGUF" and nothing after: a copy cut short, not another format */
+        if (p->size < 4 && memcmp(p->base, GGUF_MAGIC_STR, (size_t)p->size) == 0)
+            return perr_end(p, 0, GGUF_CUT_SHORT, "the file ends after %" PRIu64 " bytes [%s] of the magic "
+                            "\"GGUF\"", p->size, shown);
         return perr(p, 0, "not a GGUF file: it starts with bytes [%s]%s, expected 47 47 55 46 (\"GGUF\")",
                     shown, p->size < 4 ? " and ends there" : "");
     }
@@ -353,11 +381,12 @@ static strata_status parse_header(gguf_parser *p, uint64_t *n_tensors, uint64_t 
     *n_kv = ld_u64(p->base + 16);
     const uint64_t rest = left(p, GGUF_HEADER_SIZE);
     if (*n_kv > rest / GGUF_MIN_KV_SIZE)
-        return perr(p, 16, "kv count %" PRIu64 " cannot fit in the %" PRIu64 " bytes left", *n_kv, rest);
+        return perr_end(p, 16, GGUF_CUT_OR_CORRUPT, "kv count %" PRIu64 " cannot fit in the %" PRIu64
+                        " bytes left", *n_kv, rest);
     if (*n_tensors > rest / GGUF_MIN_TENSOR_SIZE ||
         *n_tensors * GGUF_MIN_TENSOR_SIZE > rest - *n_kv * GGUF_MIN_KV_SIZE)
-        return perr(p, 8, "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes left after %"
-                    PRIu64 " kvs", *n_tensors, rest, *n_kv);
+        return perr_end(p, 8, GGUF_CUT_OR_CORRUPT, "tensor count %" PRIu64 " cannot fit in the %" PRIu64
+                        " bytes left after %" PRIu64 " kvs", *n_tensors, rest, *n_kv);
     return STRATA_OK;
 }
 
@@ -490,14 +519,19 @@ static strata_status parse_tensor_info(gguf_parser *p, uint64_t *pos, int64_t i,
     return STRATA_OK;
 }
 
+/* Byte offset of a tensor's data-offset field: name, n_dims, ne[] and type come before it. */
+static uint64_t offset_field(const gguf_tensor *t) {
+    return t->info_off + 8 + t->t.name_len + 4 + 8 * (uint64_t)t->t.n_dims + 4;
+}
+
 static strata_status parse_tensors(gguf_parser *p, uint64_t *pos, uint64_t n_tensors, int32_t split) {
     gguf_file *f = p->f;
     strata_status st;
     /* re-check against what is left now that the kvs are known */
     if (n_tensors > left(p, *pos) / GGUF_MIN_TENSOR_SIZE) {
         snprintf(p->where, sizeof p->where, "header");
-        return perr(p, 8, "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes left after the kvs",
-                    n_tensors, left(p, *pos));
+        return perr_end(p, 8, GGUF_CUT_OR_CORRUPT, "tensor count %" PRIu64 " cannot fit in the %" PRIu64
+                        " bytes left after the kvs", n_tensors, left(p, *pos));
     }
     uint64_t cap = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
@@ -511,20 +545,36 @@ static strata_status parse_tensors(gguf_parser *p, uint64_t *pos, uint64_t n_ten
 
     /* the data section starts at the next multiple of the alignment */
     f->data_offset = (*pos + f->alignment - 1) / f->alignment * f->alignment;
+    /* The end of the data the tensors need. A file that ends before it is nearly always an
+     * interrupted download or copy (the header is whole, the data is not), so the message gives
+     * both sizes and says what to do; an end that overflows 64 bits is a corrupt offset. */
+    uint64_t need_end = 0;
+    int64_t last = -1;
     for (int64_t i = 0; i < f->n_tensors; i++) {
-        strata_gguf_tensor *t = &f->tensors[i].t;
+        const strata_gguf_tensor *t = &f->tensors[i].t;
         const uint64_t rel = t->offset;
-        if (f->data_offset > p->size || rel > p->size - f->data_offset ||
-            t->size > p->size - f->data_offset - rel) {
+        if (rel > UINT64_MAX - f->data_offset || t->size > UINT64_MAX - f->data_offset - rel) {
             set_where(p, "tensor", i, t->name, t->name_len);
-            /* point at the offset field: name, n_dims, ne[], type come before it */
-            const uint64_t field = f->tensors[i].info_off + 8 + t->name_len + 4 + 8 * (uint64_t)t->n_dims + 4;
-            return perr(p, field,
+            return perr(p, offset_field(&f->tensors[i]),
                         "%" PRIu64 " bytes of data at offset %" PRIu64 " of the data section (which starts at %"
                         PRIu64 ") run past the end of the data (%" PRIu64 " bytes)",
                         t->size, rel, f->data_offset, p->size);
         }
-        t->offset = f->data_offset + rel;
+        if (f->data_offset + rel + t->size > need_end) {
+            need_end = f->data_offset + rel + t->size;
+            last = i;
+        }
+    }
+    if (need_end > p->size) {
+        const gguf_tensor *lt = &f->tensors[last];
+        set_where(p, "tensor", last, lt->t.name, lt->t.name_len);
+        return strata_fail(STRATA_ERR_FORMAT, "%s: the file has %" PRIu64 " bytes, its tensors need %" PRIu64
+                           ": the copy is incomplete (download it again); %s ends there (byte offset %" PRIu64
+                           " holds its data offset)", f->name, p->size, need_end, p->where, offset_field(lt));
+    }
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        strata_gguf_tensor *t = &f->tensors[i].t;
+        t->offset = f->data_offset + t->offset;
         t->data = p->base + t->offset;
     }
     return STRATA_OK;

@@ -31,7 +31,8 @@
 enum { OTHER = 0 };
 
 /* Flags of the char at s[i] and its length in bytes. Malformed UTF-8 counts as one
- * "other" byte (Python hands us valid UTF-8; C callers may not). */
+ * "other" byte: strata_tokenizer_encode refuses such text before it gets here, but the
+ * matcher stays total so that it can never read past the end. */
 static inline unsigned char_at(const uint8_t *s, size_t n, size_t i, size_t *len) {
     uint32_t c = s[i];
     if (c < 0x80) {

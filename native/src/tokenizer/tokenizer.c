@@ -505,12 +505,48 @@ static const added_token *added_at(const strata_tokenizer *t, const uint8_t *s, 
     return NULL;
 }
 
+/* Offset of the first byte of s[0..n) that does not start a well-formed UTF-8 sequence
+ * (Unicode 15 table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF; a sequence
+ * cut off by the end counts as malformed at its first byte), or n when all of it is valid.
+ * Python's strict decoder agrees on the offset (UnicodeDecodeError.start). */
+static size_t utf8_invalid_at(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const uint8_t c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t len;
+        uint8_t lo = 0x80, hi = 0xbf;  /* the range of the second byte */
+        if (c >= 0xc2 && c <= 0xdf) len = 2;
+        else if (c >= 0xe0 && c <= 0xef) {
+            len = 3;
+            if (c == 0xe0) lo = 0xa0;       /* overlong */
+            else if (c == 0xed) hi = 0x9f;  /* U+D800..U+DFFF */
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            len = 4;
+            if (c == 0xf0) lo = 0x90;       /* overlong */
+            else if (c == 0xf4) hi = 0x8f;  /* above U+10FFFF */
+        } else return i;                    /* a continuation byte, C0, C1 or F5..FF */
+        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return i;
+        for (size_t k = 2; k < len; k++)
+            if ((s[i + k] & 0xc0) != 0x80) return i;
+        i += len;
+    }
+    return n;
+}
+
 strata_status strata_tokenizer_encode(const strata_tokenizer *t, const char *text, uint64_t text_len,
                                       int32_t parse_special, int32_t *ids, uint64_t capacity, uint64_t *n_ids) {
     if (!t || (!text && text_len) || !n_ids || (!ids && capacity))
         return strata_fail(STRATA_ERR_INVALID_ARG, "strata_tokenizer_encode: NULL tokenizer, text, ids or n_ids");
     const uint8_t *s = (const uint8_t *)text;
     size_t n = (size_t)text_len, seg = 0;
+    /* The one check of every text that becomes ids (pyrunner hands its text here unchanged
+     * when it is not UTF-8): byte-level BPE would encode any bytes, but the model never saw
+     * such text and the caller has most likely mixed up an encoding. */
+    const size_t bad = utf8_invalid_at(s, n);
+    if (bad < n)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "the prompt is not valid UTF-8 at byte %llu (0x%02x); give "
+                           "the text in UTF-8", (unsigned long long)bad, s[bad]);
     id_sink o = {ids, capacity, 0};
     strata_status st = STRATA_OK;
     if (t->n_added) {

@@ -2,7 +2,9 @@
 binding reads, the models/ presets, from which pyrunner.models builds the demo model, and the shipped
 trained model of models/flash-small/) inside the pyrunner package. Everything else is in pyproject.toml.
 
-Extra CMake arguments: STRATA_CMAKE_ARGS="-DSTRATA_CUDA=OFF ..." in the environment.
+Extra CMake arguments: STRATA_CMAKE_ARGS="-DSTRATA_CUDA=OFF ..." in the environment. STRATA_BUILD_DIR: the
+CMake build folder (default build/cmake-pyXY), so that a second build of the same checkout (the non-editable
+install of tests/test_install.py) never runs make in the folder an editable install is building in.
 """
 import os
 import shlex
@@ -24,7 +26,8 @@ class CMakeBuild(build_ext):
     def run(self):
         if shutil.which("cmake") is None:
             sys.exit("strata: cmake (>= 3.21) is needed to build libstrata; install it (apt-get install cmake)")
-        build_dir = ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}"
+        build_dir = Path(os.environ.get("STRATA_BUILD_DIR")
+                         or ROOT / "build" / f"cmake-py{sys.version_info[0]}{sys.version_info[1]}")
         args = [
             "cmake", "-S", str(ROOT / "native"), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release", f"-DPython3_EXECUTABLE={sys.executable}",

@@ -37,16 +37,21 @@ def type_shares(tensors: list[dict]) -> list[tuple[str, int, float]]:
 
 
 @main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False), required=False, envvar="STRATA_MODEL")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(file, as_json):
-    """Show a GGUF file's metadata and tensors (name, type, shape, offset, size)."""
+    """Show a GGUF file's metadata and tensors (name, type, shape, offset, size); without FILE, the
+    model `strata generate` runs without -m (STRATA_MODEL, else the default model)."""
     from . import gguf_info
     from ._native import StrataError
+    from .models import MakeModelError, default_model
 
     try:
+        if file is None:
+            file, notice = default_model(log=lambda s: click.echo(s, err=True))
+            click.echo(notice, err=True)
         info = gguf_info(file)
-    except StrataError as e:
+    except (MakeModelError, StrataError, OSError) as e:
         raise _fail(e) from None
     if as_json:
         json.dump(info, sys.stdout, ensure_ascii=False)
@@ -63,6 +68,53 @@ def inspect(file, as_json):
     click.echo("weights by type:")
     for name, nbytes, share in type_shares(tensors):
         click.echo(f"  {name:8s} {nbytes / 2**20:12.2f} MiB {100 * share:6.2f} %")
+
+
+@main.command()
+@click.option("--cflags", is_flag=True, help="Compiler flags: -I<the folder of strata.h>.")
+@click.option("--libs", is_flag=True, help="Linker flags: -L<folder> -lstrata -Wl,-rpath,<folder> -lpthread.")
+@click.option("--prefix", is_flag=True, help="The installed folder holding libstrata.so and strata.h.")
+@click.option("--pkg-config", "pkg_config", is_flag=True, help="Print a pkg-config file (strata.pc) for this install.")
+@click.option("--pkg-config-dir", type=click.Path(file_okay=False), default=None,
+              help="Write strata.pc into this folder, for PKG_CONFIG_PATH=DIR pkg-config --cflags --libs strata.")
+def config(cflags, libs, prefix, pkg_config, pkg_config_dir):
+    """How a C program builds against this installed Strata, without a source checkout:
+    `cc prog.c $(strata config --cflags --libs) -o prog` (no option: --cflags --libs). The rpath lets
+    the program find libstrata.so where pip put it, with no LD_LIBRARY_PATH."""
+    from pathlib import Path
+
+    from . import __version__
+
+    pkg = Path(__file__).resolve().parent        # setup.py puts libstrata.so and strata.h next to this file
+    missing = [n for n in ("libstrata.so", "strata.h") if not (pkg / n).is_file()]
+    if missing:
+        raise click.ClickException(f"{' and '.join(missing)} not found in {pkg}: this Strata was installed "
+                                   "without its native library; reinstall it (pip install . in the source tree)")
+    if " " in str(pkg):
+        raise click.ClickException(f"{pkg} has a space in it, which compiler flags cannot carry unquoted; "
+                                   "install Strata under a path without spaces")
+    inc = f"-I{pkg}"
+    lib = f"-L{pkg} -lstrata -Wl,-rpath,{pkg} -lpthread"
+    if pkg_config or pkg_config_dir:
+        pc = (f"prefix={pkg}\nincludedir=${{prefix}}\nlibdir=${{prefix}}\n\nName: strata\n"
+              f"Description: Strata, a GGUF runner for qwen4exp models (libstrata)\nVersion: {__version__}\n"
+              "Cflags: -I${includedir}\nLibs: -L${libdir} -lstrata -Wl,-rpath,${libdir} -lpthread\n")
+        if pkg_config_dir is None:
+            click.echo(pc, nl=False)
+            return
+        out = Path(pkg_config_dir) / "strata.pc"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(pc)
+        except OSError as e:
+            raise click.ClickException(f"--pkg-config-dir {pkg_config_dir}: cannot write strata.pc there "
+                                       f"({e.strerror or e})") from None
+        click.echo(f"wrote {out}; use it with PKG_CONFIG_PATH={out.parent} pkg-config --cflags --libs strata",
+                   err=True)
+        return
+    if not (cflags or libs or prefix):
+        cflags = libs = True
+    click.echo(" ".join(v for on, v in ((prefix, str(pkg)), (cflags, inc), (libs, lib)) if on))
 
 
 @main.command()
@@ -531,7 +583,37 @@ def _asdict(params) -> dict:
 
 _CHAT_HELP = ("/reset forgets the conversation, /stats shows the last answer's timings, /exit quits (so "
               "does Ctrl-D); end a line with \\ to continue the message on the next line; Ctrl-C stops "
-              "an answer.")
+              "an answer (what it said so far stays in the conversation).")
+
+
+def _ctrl_c_stops(stream):
+    """A context in which the first Ctrl-C asks `stream` to stop after the token it is on, instead of
+    raising KeyboardInterrupt wherever Python happens to be: the native evaluation in flight completes, so
+    the session keeps a known state that the next turn continues (prefix reuse) and the partial answer
+    comes back with its stats. A second Ctrl-C during the same answer interrupts at once (the session's
+    state is then lost and the next turn starts over). Only the main thread may set signal handlers."""
+    import contextlib
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def handler():
+        asked = []
+
+        def on_sigint(signum, frame):
+            if asked:
+                raise KeyboardInterrupt
+            asked.append(signum)
+            stream.stop()
+        old = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, old)
+    return handler()
 
 
 def _read_message(interactive: bool) -> str | None:
@@ -569,7 +651,9 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
     """Talk with the model in its chat template, answers streamed. Reads standard input, so a
     conversation can be piped in. /reset forgets the conversation, /stats shows the last answer's
     timings, /exit quits (so does Ctrl-D); end a line with a backslash to continue the message on the
-    next line; Ctrl-C stops an answer, not the program."""
+    next line; Ctrl-C stops an answer, not the program: the partial answer stays in the conversation (as
+    llama.cpp's and ollama's REPLs keep it), /stats shows its figures, and the next turn continues from
+    it without evaluating the conversation again."""
     import importlib
 
     from ._native import StrataError
@@ -634,19 +718,22 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
                 stream = run(model, ids, session=sess, stream=True, watchdog_s=wd, **params)
                 parts = []
                 try:
-                    for piece in stream:
-                        parts.append(piece)
-                        click.echo(piece, nl=False)
-                        sys.stdout.flush()
+                    with _ctrl_c_stops(stream):
+                        for piece in stream:
+                            parts.append(piece)
+                            click.echo(piece, nl=False)
+                            sys.stdout.flush()
                     c = stream.completion
                     last = (c.stats, c.finish_reason)
                     live.add(c.stats)
                     turn = ChatTurn(ids, prompt_text, c.tokens, c.text)
+                    if c.finish_reason == "interrupted":
+                        click.echo(" (stopped)", nl=False)
                     if c.error is not None:     # the watchdog: the partial answer stays, the chat goes on
                         click.echo("", err=True)
                         click.echo(f"error: {c.error}", err=True)
                         turn = None
-                except KeyboardInterrupt:
+                except KeyboardInterrupt:       # a second Ctrl-C: the state of the session is unknown
                     click.echo(" (stopped)", nl=False)
                     last = turn = None
                 click.echo("")

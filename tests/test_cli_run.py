@@ -133,7 +133,8 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(tiny_path, model):
     assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()
     reader.join(5)
     text = got.decode("utf-8", "replace")
-    assert " (stopped)\n" in text and text.rstrip("\n").endswith("(no answer yet)")
+    # /stats shows the stopped answer's figures (tests/test_chat_repl.py checks them, and the next turn)
+    assert " (stopped)\n" in text and "finish: interrupted" in text.rstrip("\n").splitlines()[-1]
 
 
 def test_demo_model_is_built_once_into_the_cache_and_says_what_it_is(tmp_path, monkeypatch):
@@ -162,3 +163,54 @@ def test_chat_template_kwargs_must_be_a_json_object(tiny_path):
     for bad, msg in (("[1]", "must be a JSON object"), ("{oops", "not valid JSON")):
         r = CliRunner().invoke(main, ["chat", "-m", tiny_path, "--chat-template-kwargs", bad], input="hi\n")
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output
+
+
+# ------------------------------------------------------------------ llama.cpp habits, the context
+
+def test_llama_cpp_spellings_prompt_ctx_size_threads(tiny_path, model):
+    ref = generate(model, "hello world", max_tokens=12, temperature=0, session=model.session())
+    r = CliRunner().invoke(main, ["generate", "-p", "hello world", "-m", tiny_path, "-n", "12", "--temp", "0",
+                                  "--json", "-t", "2", "-c", "1024"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] == ref.tokens
+    r = CliRunner().invoke(main, ["generate", "--prompt", "word " * 40, "-m", tiny_path, "--ctx-size", "16"])
+    assert r.exit_code == 1 and "context holds 16" in r.output       # -c/--ctx-size is --n-ctx
+    r = CliRunner().invoke(main, ["generate", "hello", "-p", "world", "-m", tiny_path])
+    assert r.exit_code == 1 and "given twice" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args", [["-ngl", "99"], ["--n-gpu-layers=99"], ["-ot", "exps=CPU"],
+                                  ["--n-cpu-moe", "8"], ["-cmoe"]])
+def test_llama_cpp_flags_strata_lacks_name_what_to_use(tiny_path, tmp_path, args):
+    jobs = tmp_path / "in.jsonl"
+    jobs.write_text('{"id": 1, "prompt": "hi"}\n')
+    for cmd in (["generate", "hi"], ["chat"], ["batch", str(jobs), "-o", str(tmp_path / "out.jsonl")]):
+        r = CliRunner().invoke(main, [*cmd, "-m", tiny_path, *args], input="hi\n")
+        assert r.exit_code == 2, (cmd, r.output)
+        assert "is llama.cpp's" in r.output and "--device c" in r.output, r.output
+        assert "No such option" not in r.output and "not a valid integer" not in r.output
+    assert not (tmp_path / "out.jsonl").exists()                       # refused before anything ran
+
+
+def test_n_predict_minus_2_fills_the_context_and_other_negatives_are_refused(tiny_path, model):
+    bans = [a for t in sorted(end_of_generation_ids(model)) for a in ("--logit-bias", f"{t}-inf")]
+    n_prompt = len(model.tokenize("hello world"))
+    for n in ("-1", "-2"):
+        r = CliRunner().invoke(main, ["generate", "hello world", "-m", tiny_path, "-n", n, "--temp", "0", "--json",
+                                      "--n-ctx", "16", *bans])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        # every position up to n_ctx is evaluated; the token sampled after the last one ends the request
+        assert out["finish_reason"] == "length" and len(out["tokens"]) == 16 - n_prompt + 1
+    r = CliRunner().invoke(main, ["generate", "hello world", "-m", tiny_path, "-n", "-3"])
+    assert r.exit_code == 1 and "-n" in r.output and "-2 (until the context is filled)" in r.output
+
+
+def test_more_context_than_trained_warns_on_stderr(tiny_path):
+    r = CliRunner().invoke(main, ["generate", "hi", "-m", tiny_path, "-n", "2", "--temp", "0", "--n-ctx", "8192"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("warning: n_ctx 8192 is more than") == 1 and "(4096 tokens" in r.stderr
+    r = CliRunner().invoke(main, ["generate", "hi", "-m", tiny_path, "-n", "2", "--temp", "0"])
+    assert r.exit_code == 0 and "warning" not in r.stderr              # the default is the trained context
+    r = CliRunner().invoke(main, ["generate", "--help"])
+    assert "trained context" in r.output and "-c, --n-ctx, --ctx-size" in r.output

@@ -3,9 +3,14 @@
  * tokenizer, run it, and generate with a sampler; optionally the same request in several
  * sessions on several threads at once (sessions of one model are independent).
  *
+ *   cc -O2 tools/examples/generate.c $(strata config --cflags --libs) -o generate
+ *   ./generate MODEL.gguf "Once upon a time" [-n 32] [--temp 0] [--seed 1] [--parallel 2]
+ *
+ * `strata config` (or `PKG_CONFIG_PATH=DIR pkg-config --cflags --libs strata` after
+ * `strata config --pkg-config-dir DIR`) gives the flags of the installed Strata: the folder that
+ * holds strata.h and libstrata.so, and an rpath to it. Without an install, from a source checkout:
  *   cc -O2 tools/examples/generate.c -I native/include -L pyrunner -lstrata -lpthread \
  *      -Wl,-rpath,$PWD/pyrunner -o generate
- *   ./generate MODEL.gguf "Once upon a time" [-n 32] [--temp 0] [--seed 1] [--parallel 2]
  *
  * Prints, per session, one line "session I: <generated text>" (the text bytes as the tokens
  * stand for them, non-printable bytes escaped), then "tokens: id id ...". Exit status 1 with the

@@ -39,7 +39,11 @@ class CMakeBuild(build_ext):
         for ext in self.extensions:
             dest = Path(self.get_ext_fullpath(ext.name))
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(build_dir / "libstrata.so", dest)
+            # a new file renamed over the old one, not a copy into it: a process that has the library
+            # mapped (a test run during a rebuild) keeps the old inode instead of crashing on a truncated one
+            tmp = dest.with_name(dest.name + ".tmp")
+            shutil.copyfile(build_dir / "libstrata.so", tmp)
+            os.replace(tmp, dest)
             shutil.copyfile(ROOT / "native" / "include" / "strata.h", dest.parent / "strata.h")
             # the model presets, so that an installed strata can build its default demo model
             (dest.parent / "presets").mkdir(exist_ok=True)

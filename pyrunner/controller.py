@@ -5,7 +5,9 @@ copies over the link and runs on the device (where the source is pinned and stag
 the rest run on the CPU ExpertPool where their weights are. The controller picks it so that both
 paths finish together, from rates it measures during decode:
 
-    start     pcie_frac = clamp(base × probe_GBps / ref_GBps)                 0.55 × probe / 20
+    start     the value libstrata computed at load (its one owner: native/src/moe/offload.c,
+              0.55 × probe_GBps / 20 clamped to [0, 1], or --pcie-frac), read from
+              Model.offload_stats()["pcie_frac"]; clamped to [lo, hi] here
     measure   cpu_rate  = bytes of the missing groups the ExpertPool computed
                           / the pool's busy time for them
               pcie_rate = bytes copied / copy time; the probe's GB/s until copies are observed
@@ -21,7 +23,7 @@ rule's fixed point. A span whose CPU pool computed nothing (everything hit or we
 has no CPU rate, so the update waits. clamp() is to [lo, hi] = [0, 1].
 
 `--pcie-frac X` (ControllerSettings.fixed) pins pcie_frac to X for the whole run: no updates.
-Every constant is a field of ControllerSettings.
+Every constant of the update is a field of ControllerSettings; the start formula's are libstrata's.
 """
 from __future__ import annotations
 
@@ -32,8 +34,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ControllerSettings:
     fixed: float | None = None    # --pcie-frac / STRATA_PCIE_FRAC: no controller at all
-    base: float = 0.55            # start share at the reference link speed
-    ref_gbps: float = 20.0        # the reference link speed of `base`, GB/s
     cpu_weight: float = 1.85      # weight of the CPU rate in the update rule (fitted on a few machines)
     first_windows: int = 48       # windows before the first update
     min_groups: int = 256         # missing groups an update's measurement must span
@@ -49,10 +49,6 @@ class ControllerSettings:
             bad(f"lo {self.lo} and hi {self.hi} must satisfy 0 <= lo <= hi <= 1")
         if self.fixed is not None and not (isinstance(self.fixed, (int, float)) and 0.0 <= self.fixed <= 1.0):
             bad(f"--pcie-frac {self.fixed}: give a share between 0 and 1")
-        if not (self.base >= 0 and math.isfinite(self.base)):
-            bad(f"base {self.base} must be a finite number >= 0")
-        if not (self.ref_gbps > 0 and math.isfinite(self.ref_gbps)):
-            bad(f"ref_gbps {self.ref_gbps} must be a finite number > 0")
         if not (self.cpu_weight > 0 and math.isfinite(self.cpu_weight)):
             bad(f"cpu_weight {self.cpu_weight} must be a finite number > 0")
         for name in ("first_windows", "min_groups", "every_windows", "max_updates"):
@@ -62,13 +58,17 @@ class ControllerSettings:
 
 
 class Controller:
-    """The controller of one engine run. Call observe_window once per decode window with that
-    window's counters; it returns the new pcie_frac when it changed it, else None."""
+    """The controller of one engine run, starting from `pcie_frac`, the share libstrata set at load
+    (it is not recomputed here), with `probe_gbps` the link probe's rate (the link's rate until copies
+    are measured). Call observe_window once per decode window with that window's counters; it returns
+    the new pcie_frac when it changed it, else None."""
 
-    def __init__(self, probe_gbps: float, settings: ControllerSettings | None = None):
+    def __init__(self, pcie_frac: float, probe_gbps: float, settings: ControllerSettings | None = None):
         s = settings or ControllerSettings()
         if not (isinstance(probe_gbps, (int, float)) and math.isfinite(probe_gbps) and probe_gbps >= 0):
             raise ValueError(f"pcie_frac controller: link probe {probe_gbps!r} GB/s must be a finite number >= 0")
+        if not (isinstance(pcie_frac, (int, float)) and 0.0 <= pcie_frac <= 1.0):
+            raise ValueError(f"pcie_frac controller: start share {pcie_frac!r} must be a number in [0, 1]")
         self.settings = s
         self.probe_gbps = float(probe_gbps)
         self.log: list[str] = []
@@ -83,9 +83,9 @@ class Controller:
             self.pcie_frac = float(s.fixed)
             self.log.append(f"pcie_frac {self.pcie_frac:.2f} (fixed by --pcie-frac)")
         else:
-            self.pcie_frac = self._clamp(s.base * self.probe_gbps / s.ref_gbps)
-            self.log.append(f"pcie_frac {self.pcie_frac:.2f} (start: {s.base:g} x probe {self.probe_gbps:.1f} GB/s"
-                            f" / {s.ref_gbps:g} GB/s)")
+            self.pcie_frac = self._clamp(float(pcie_frac))
+            self.log.append(f"pcie_frac {self.pcie_frac:.2f} (start: libstrata's, link probe "
+                            f"{self.probe_gbps:.1f} GB/s)")
 
     @property
     def fixed(self) -> bool:

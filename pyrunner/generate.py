@@ -10,9 +10,19 @@
     create_completion(model, prompt, ...)                # llama-cpp-python's dict shapes (OpenAI)
     create_chat_completion(model, messages, ...)         # rendered with the model's chat template
 
-The loop (DESIGN §5): prefill the part of the prompt the session does not already hold, then
-sample -> check stop -> evaluate the sampled token, one token at a time (or a window at a time with
-MTP drafts). Text is decoded through
+    steps = generate_step(sess, ids, Sampler(params), max_tokens=64)     # the token level
+    for st in steps: ...                                 # a Step per token; steps.send(STOP) ends it
+
+Two layers, as mlx-lm's generate_step under stream_generate (DESIGN §5):
+  the step loop, generate_step(): prefill the part of the prompt the session does not already hold,
+    then sample -> yield the token -> evaluate it, one token at a time (or a verify window at a time
+    with MTP drafts, rolled back to what was accepted), feeding each window's counters to the PCIe
+    share controller and labelling each evaluation for the watchdog and the trace. It knows no text;
+    its consumer tells it where the request ends (its docstring says how). The server and the batch
+    scheduler drive it as the text layer does.
+  the text layer (generate() through _stream_text): each token through the detokeniser and the stop
+    criteria, the text streamed, the Completion and its stats.
+Text is decoded through
 the tokenizer's StreamDecoder (a character split across tokens is emitted whole) and through
 sampling.StopStream (text that may be the start of a stop string is held back; the stop string itself is
 never emitted). An end-of-generation token (EOS, EOT, or a control token such as <|im_end|>) ends the
@@ -36,7 +46,8 @@ STRATA_WATCHDOG_S, else 600; <= 0 off) is aborted inside libstrata; generate() t
 generated so far as a Completion with finish_reason "error" and `error` set to the message, which names the
 stage ("decode step 12, layer 40 MoE: waiting for the device's copies ..."). The session starts over at
 its next request (the state of an aborted eval is unknown); the model stays usable. With --trace
-(pyrunner.trace.Tracer active) the loop adds request, prefill and decode-step spans and counters.
+(pyrunner.trace.Tracer active) the text layer adds the request's span and the step loop the prefill and
+decode-step spans and counters.
 
 Stats (DESIGN §9 keys; seconds and tokens; a key is absent when it does not apply):
     prompt_tokens          tokens of the prompt
@@ -58,7 +69,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -84,50 +95,6 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
-
-
-def _offload_stats(model, before: dict | None) -> dict:
-    """This request's share of the model's cumulative offload counters."""
-    if before is None:
-        return {}
-    now = model.offload_stats()
-    if model.device == "cpu" and now["skipped_experts"] == 0:
-        return {}
-    out = {k: now[k] - before[k] for k in _OFFLOAD_DELTAS}
-    out["hit_rate"] = out["cache_hits"] / out["cache_lookups"] if out["cache_lookups"] else 0.0
-    out["pcie_frac"] = now["pcie_frac"]
-    return out
-
-
-def _controller(model):
-    """The model's PCIe-share controller (pyrunner.controller), made on first use; None on the cpu
-    device or when pcie_frac was fixed by the user."""
-    if model.device == "cpu" or getattr(model, "pcie_frac_fixed", True):
-        return None
-    ctl = getattr(model, "_controller", None)
-    if ctl is None:
-        from .controller import Controller
-        st = model.offload_stats()
-        ctl = model._controller = Controller(st["probe_gbps"])
-        model.set_pcie_frac(ctl.pcie_frac)
-    return ctl
-
-
-def _observe(model, ctl, before: dict) -> dict:
-    """Feeds one decode window's CPU and link work to the controller; applies a new share."""
-    now = model.offload_stats()
-    new = ctl.observe_window(cpu_bytes=now["cpu_bytes"] - before["cpu_bytes"],
-                             cpu_busy_s=now["cpu_s"] - before["cpu_s"],
-                             # the link's rate: every byte it moved (admits and swaps too) over its busy time
-                             pcie_bytes=now["copy_bytes"] - before["copy_bytes"],
-                             pcie_s=now["copy_s"] - before["copy_s"],
-                             missing_groups=(now["cpu_groups"] - before["cpu_groups"])
-                             + (now["pcie_groups"] - before["pcie_groups"]))
-    if new is not None:
-        model.set_pcie_frac(new)
-        for line in ctl.log[-1:]:
-            print(line, file=sys.stderr)
-    return now
 
 
 @dataclass
@@ -269,7 +236,14 @@ def prompt_ids(model, prompt: str | Sequence[int], add_special: bool = True) -> 
     return ids
 
 
-# ------------------------------------------------------------------------------------ the loop
+# ------------------------------------------------------------------------------------ the step loop
+#
+# Two layers, as mlx-lm's generate_step under stream_generate: generate_step() below is the token
+# level (prefill, sample, verify windows with MTP drafts and their rollback, the PCIe share
+# controller's feedback, the watchdog's labels and trace spans, the counters of the mechanism) and
+# knows nothing of text; _stream_text() further down is the text level (detokenise, stop strings,
+# end-of-generation ids, streaming, the request's stats) and never evaluates anything. The server and
+# batch scheduler drive generate_step() the same way _stream_text() does.
 
 
 def _check_fits(model, ids: list[int]) -> None:
@@ -278,29 +252,118 @@ def _check_fits(model, ids: list[int]) -> None:
                          f"shorten the prompt or raise n_ctx (--n-ctx)")
 
 
-def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
-          mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S,
-          halt: threading.Event | None = None):
-    """Generator: yields text pieces, returns the Completion."""
-    tr = trace.current()
-    if tr is not None:
-        tr.request_begin(model, sess, prompt_tokens=len(ids))
+def _offload_stats(model, before: dict | None) -> dict:
+    """This request's share of the model's cumulative offload counters (libstrata owns their
+    definitions; this only takes differences)."""
+    if before is None:
+        return {}
+    now = model.offload_stats()
+    if model.device == "cpu" and now["skipped_experts"] == 0:
+        return {}
+    out = {k: now[k] - before[k] for k in _OFFLOAD_DELTAS}
+    out["hit_rate"] = out["cache_hits"] / out["cache_lookups"] if out["cache_lookups"] else 0.0
+    out["pcie_frac"] = now["pcie_frac"]
+    return out
+
+
+def _controller(model):
+    """The model's PCIe-share controller (pyrunner.controller), made on first use; None on the cpu
+    device or when pcie_frac was fixed by the user. It starts from the share libstrata set at load
+    (the start formula's one owner is native/src/moe/offload.c); the library is told a share only
+    when the controller's own clamp (ControllerSettings.lo/hi) moves it."""
+    if model.device == "cpu" or getattr(model, "pcie_frac_fixed", True):
+        return None
+    ctl = getattr(model, "_controller", None)
+    if ctl is None:
+        from .controller import Controller
+        st = model.offload_stats()
+        ctl = model._controller = Controller(st["pcie_frac"], st["probe_gbps"])
+        if ctl.pcie_frac != st["pcie_frac"]:
+            model.set_pcie_frac(ctl.pcie_frac)
+    return ctl
+
+
+def _observe(model, ctl, before: dict) -> dict:
+    """Feeds one decode window's CPU and link work to the controller; applies a new share."""
+    now = model.offload_stats()
+    new = ctl.observe_window(cpu_bytes=now["cpu_bytes"] - before["cpu_bytes"],
+                             cpu_busy_s=now["cpu_s"] - before["cpu_s"],
+                             # the link's rate: every byte it moved (admits and swaps too) over its busy time
+                             pcie_bytes=now["copy_bytes"] - before["copy_bytes"],
+                             pcie_s=now["copy_s"] - before["copy_s"],
+                             missing_groups=(now["cpu_groups"] - before["cpu_groups"])
+                             + (now["pcie_groups"] - before["pcie_groups"]))
+    if new is not None:
+        model.set_pcie_frac(new)
+        for line in ctl.log[-1:]:
+            print(line, file=sys.stderr)
+    return now
+
+
+STOP = "stop"
+"""What a consumer sends into generate_step (`steps.send(STOP)`) to end the request at the step it
+just received."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One sampled token, as generate_step yields it."""
+    token: int        # the token id (an end-of-generation id included: the step loop knows no text)
+    last: bool        # no step follows: it is the max_tokens-th token, or it sits at position n_ctx
+                      # (the context is full: it cannot be evaluated)
+
+
+@dataclass
+class StepsEnd:
+    """What generate_step returns (the StopIteration's value) when it ends."""
+    reason: str       # "stopped" (the consumer sent STOP), "length" / "context" (resumed after a last
+                      # step), "halted" (halt was set), "error" (the watchdog aborted an evaluation)
+    stats: dict       # DESIGN §9 keys it measured: prompt_tokens, reused_prompt_tokens, prefill_s,
+                      # prefill_tps, the MTP, offload and PLE keys (never the text layer's ttft / decode)
+    error: str | None = None    # reason "error": the watchdog's message (it names the stage)
+
+
+def generate_step(sess, ids: Sequence[int], sampler: Sampler, *, max_tokens: int | None = None, mtp: int = 0,
+                  draft_hook=None, checkpoint_at=(), watchdog_s: float = trace.DEFAULT_WATCHDOG_S,
+                  halt: threading.Event | None = None) -> Generator[Step, object, StepsEnd]:
+    """The token-level loop of one request on `sess`: brings the session to hold `ids` (prefix reuse,
+    then a prefill of the rest), samples with `sampler` (the request's own: its random stream is
+    the only randomness, MTP's acceptance draws included), and yields one Step per sampled token.
+    Between two steps that need an evaluation it runs one: a decode step of the last token, or with
+    mtp > 0 a verify window of it and up to mtp MTP drafts (pyrunner.mtp: several steps per window;
+    drafts shrink to fit the context and max_tokens), then feeds the window's counters to the PCIe
+    share controller.
+
+    Invariant: when a step is yielded, the session holds every token before it, and with MTP perhaps
+    some tokens after it that the window already evaluated; the yielded token itself is never
+    evaluated before the consumer asks for the next step.
+
+    How it is told to stop (the consumer owns end-of-generation ids, stop strings, max_tokens it
+    counts itself):
+      steps.send(STOP)   the request ends at the step just received: the session is cut back to hold
+                         exactly the tokens before it (an MTP window's later tokens are rolled back),
+                         a prefix-reuse checkpoint is saved, and the StopIteration carries a StepsEnd.
+      halt.set()         (from any thread or a signal handler) ends the loop before its next
+                         evaluation, as STOP at the step last yielded would; reason "halted".
+      steps.close()      abandons it: the session keeps whatever it evaluated, no checkpoint, no
+                         StepsEnd (what CompletionStream.close() does).
+    Resuming it with next() after a `last` step ends it as STOP would (reason "length" or "context").
+    A watchdog abort (trace.WatchdogError) ends it with reason "error" and the message; before the
+    first step (the prefill) no checkpoint is saved, since the state is unknown. Other errors
+    propagate. The watchdog is armed for `watchdog_s` (<= 0: off) on the calling thread while the
+    generator runs, so drive it from one thread."""
+    model = sess.model
     trace.watchdog(watchdog_s)
-    c = None
     try:
-        c = yield from _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, halt)
+        return (yield from _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at, halt))
     finally:
         trace.watchdog(0)
-        if tr is not None:
-            tr.request_end(model, sess, c)
-    return c
 
 
-def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, halt=None):
+def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at, halt):
     n_ctx = model.n_ctx
     _check_fits(model, ids)
-    sampler = Sampler(params)
-    crit = StopCriteria(params.stop, eog, params.max_tokens)
+    limit = None if max_tokens is None or max_tokens < 0 else int(max_tokens)
     off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
     ple0 = sess.stats() if getattr(model, "has_ple", False) and hasattr(sess, "stats") else None
     ctl = _controller(model) if off0 is not None else None
@@ -309,7 +372,6 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
     reused = sess.reuse(ids)
     prev_row = sess.hidden
     stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
-    error = None
     t0 = time.perf_counter()
     trace.label(f"prefill of {len(ids) - reused} prompt tokens")
     try:
@@ -319,12 +381,8 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
         e = trace.as_watchdog(e)
         if not isinstance(e, trace.WatchdogError):
             raise
-        error = str(e)
-    if error is not None:           # nothing was generated: an empty completion that says why
-        stats["generated_tokens"] = 0
-        stats.update(_offload_stats(model, off0))
-        stats = {k: stats[k] for k in STATS_KEYS if k in stats}
-        return Completion("", [], "error", stats, error)
+        stats.update(_offload_stats(model, off0))      # nothing was sampled; the state is unknown
+        return StepsEnd("error", stats, str(e))
     if reused < len(ids):
         dt = time.perf_counter() - t0
         stats["prefill_s"] = dt
@@ -334,49 +392,29 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
         drafter.begin(ids, reused, rows, prev_row)
     win = model.offload_stats() if ctl is not None else None   # decode windows start after the prefill
 
-    dec = model.tokenizer.stream()
     history = list(ids)            # what the penalties look at: prompt + sampled tokens
-    out_tokens: list[int] = []
-    parts: list[str] = []
     n_sampled = 0
     step = 0
-    t_first = None
-    new = [] if crit.done else [sampler.sample(logits, history)]
+    reason = error = None
+    new = [] if limit == 0 else [sampler.sample(logits, history)]
+    if limit == 0:
+        reason = "length"
     while new:
         for i, tok in enumerate(new):
-            n_sampled += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-                stats["ttft_s"] = t_first - t_start
             history.append(tok)
-            if tok in eog:
-                tail = dec.flush()                # an unfinished character before the end (U+FFFD)
-                emit = crit.text.push(tail) if tail else ""
-                emit += crit.feed(tok, "")
-            else:
-                out_tokens.append(tok)
-                piece = dec.push(tok)
-                if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
-                    piece += dec.flush()          # the last token: release an unfinished character
-                emit = crit.feed(tok, piece)
-            if not crit.done and len(history) > n_ctx:   # tok sits at position n_ctx: it cannot be evaluated
-                emit += crit.text.push(dec.flush())
-                emit += crit.finish("length")     # the context is full: the sampled token cannot be evaluated
-            if emit:
-                parts.append(emit)
-                yield emit
-            if crit.done:
+            n_sampled += 1
+            full = len(history) > n_ctx          # tok sits at position n_ctx: it cannot be evaluated
+            last = full or (limit is not None and n_sampled >= limit)
+            reply = yield Step(tok, last)
+            if reply is not None or last:
+                reason = "stopped" if reply is not None else "context" if full else "length"
                 if drafter is not None and i + 1 < len(new):
                     drafter.truncate(i)           # the state holds the tokens before this one only
                 break
-        if crit.done:
+        if reason is not None:
             break
-        if halt is not None and halt.is_set():     # CompletionStream.stop(): tok stays unevaluated, as at max_tokens
-            emit = crit.text.push(dec.flush())
-            emit += crit.finish("interrupted")
-            if emit:
-                parts.append(emit)
-                yield emit
+        if halt is not None and halt.is_set():   # tok stays unevaluated, as at max_tokens
+            reason = "halted"
             break
         tok = new[-1]
         step += 1
@@ -388,8 +426,8 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
             else:
                 # drafts that fit the context and the tokens still wanted; the window evaluates tok too
                 k = n_ctx - sess.n_past - 1
-                if crit.max_tokens is not None:
-                    k = min(k, crit.max_tokens - crit.n_tokens - 1)
+                if limit is not None:
+                    k = min(k, limit - n_sampled - 1)
                 trace.label(f"decode window {step} (MTP, up to {k} drafts)")
                 with trace.span("decode window", "decode", step=step, drafts=k):
                     new = drafter.round(tok, history, k)
@@ -397,33 +435,107 @@ def _loop_body(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft
             e = trace.as_watchdog(e)
             if not isinstance(e, trace.WatchdogError):
                 raise
-            error = str(e)              # keep what was generated; the session starts over next time
-            emit = crit.text.push(dec.flush())
-            emit += crit.finish("error")    # the text held back for a possible stop string is output too
-            if emit:
-                parts.append(emit)
-                yield emit
+            reason, error = "error", str(e)   # the session starts over at its next request
             break
         trace.sample(model, sess, generated=n_sampled)
         if ctl is not None:
             win = _observe(model, ctl, win)     # this window's counters start where the last one's end
 
     sess.save()                                 # a checkpoint where this request ends (prefix reuse)
-    stats["generated_tokens"] = n_sampled
-    if t_first is not None and n_sampled > 1:
-        dt = time.perf_counter() - t_first
-        stats["decode_s"] = dt
-        if dt > 0:
-            stats["decode_tps"] = (n_sampled - 1) / dt
     if drafter is not None:
         stats.update(drafter.stats())
     stats.update(_offload_stats(model, off0))
     if ple0 is not None:
         ple1 = sess.stats()
         stats.update({k: ple1[k] - ple0[k] for k in _PLE_KEYS})
+    return StepsEnd(reason, stats, error)
+
+
+# ------------------------------------------------------------------------------------ the text layer
+
+
+def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
+          mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S,
+          halt: threading.Event | None = None):
+    """Generator: yields text pieces, returns the Completion; the request's span on the trace."""
+    tr = trace.current()
+    if tr is not None:
+        tr.request_begin(model, sess, prompt_tokens=len(ids))
+    c = None
+    try:
+        c = yield from _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook,
+                                    watchdog_s, halt)
+    finally:
+        if tr is not None:
+            tr.request_end(model, sess, c)
+    return c
+
+
+def _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, watchdog_s, halt):
+    """The text layer over generate_step: each step's token through the tokenizer's StreamDecoder
+    and StopCriteria (end-of-generation ids, stop strings, max_tokens), the safe text yielded as it
+    comes; STOP sent at the step that ends the request; then the Completion with its stats (the step
+    loop's, plus generated_tokens, ttft_s, decode_s, decode_tps, which are the request's view)."""
+    sampler = Sampler(params)
+    crit = StopCriteria(params.stop, eog, params.max_tokens)
+    steps = generate_step(sess, ids, sampler, max_tokens=params.max_tokens, mtp=mtp, draft_hook=draft_hook,
+                          checkpoint_at=checkpoint_at, watchdog_s=watchdog_s, halt=halt)
+    dec = model.tokenizer.stream()
+    out_tokens: list[int] = []
+    parts: list[str] = []
+    n_sampled = 0
+    t_first = None
+    reply = None
+    try:
+        while True:
+            try:
+                st = next(steps) if reply is None else steps.send(reply)
+            except StopIteration as stop_it:
+                end: StepsEnd = stop_it.value
+                break
+            n_sampled += 1
+            if t_first is None:
+                t_first = time.perf_counter()
+            tok = st.token
+            if tok in eog:
+                tail = dec.flush()                # an unfinished character before the end (U+FFFD)
+                emit = crit.text.push(tail) if tail else ""
+                emit += crit.feed(tok, "")
+            else:
+                out_tokens.append(tok)
+                piece = dec.push(tok)
+                if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
+                    piece += dec.flush()          # the last token: release an unfinished character
+                emit = crit.feed(tok, piece)
+            if not crit.done and st.last:         # the context is full: the token cannot be evaluated
+                emit += crit.text.push(dec.flush())
+                emit += crit.finish("length")
+            if emit:
+                parts.append(emit)
+                yield emit
+            reply = STOP if crit.done else None
+    finally:
+        steps.close()                             # abandoned (this generator closed): nothing more
+    if end.reason in ("halted", "error") and not crit.done:
+        # CompletionStream.stop() or a watchdog abort: the text held back for a possible stop string
+        # is output too
+        emit = crit.text.push(dec.flush())
+        emit += crit.finish("interrupted" if end.reason == "halted" else "error")
+        if emit:
+            parts.append(emit)
+            yield emit
+    stats = dict(end.stats)
+    stats["generated_tokens"] = n_sampled
+    if t_first is not None:
+        stats["ttft_s"] = t_first - t_start
+        if n_sampled > 1:
+            dt = time.perf_counter() - t_first
+            stats["decode_s"] = dt
+            if dt > 0:
+                stats["decode_tps"] = (n_sampled - 1) / dt
     stats = {k: stats[k] for k in STATS_KEYS if k in stats}
-    if error is not None:
-        return Completion("".join(parts), out_tokens, "error", stats, error)
+    if end.error is not None:
+        return Completion("".join(parts), out_tokens, "error", stats, end.error)
     return Completion("".join(parts), out_tokens, crit.finish_reason, stats)
 
 

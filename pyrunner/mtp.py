@@ -33,7 +33,11 @@ DraftHook = Callable[[int, int], int]
 
 
 class MTPDecoder:
-    """Drafts with the MTP head of `sess`'s model and verifies in windows of k + 1 tokens."""
+    """Drafts with the MTP head of `sess`'s model and verifies in windows of k + 1 tokens.
+
+    `sampler` is the request's own (generate.generate_step passes it in): drafts, acceptance tests and
+    bonus tokens take their random numbers from its one stream (Sampler.uniform), the same stream the
+    one-token loop samples from, so a seeded request replays exactly."""
 
     def __init__(self, sess, sampler: Sampler, k: int = 3, draft_hook: DraftHook | None = None):
         if k < 1:
@@ -80,7 +84,7 @@ class MTPDecoder:
             d, q = greedy(self.sampler.filtered_logits(logits, history)), None
         else:
             q = self.sampler.distribution(logits, history)
-            d = draw(q, self.sampler._rng.random())
+            d = draw(q, self.sampler.uniform())
         if self.hook is not None:
             forced = int(self.hook(pos, d))
             if forced != d and q is not None:
@@ -133,9 +137,9 @@ class MTPDecoder:
             else:
                 pdist = self.sampler.distribution(L[i], h)
                 q = qs[i]
-                if self.sampler._rng.random() * q[d] >= pdist[d]:     # reject with 1 - min(1, p/q)
+                if self.sampler.uniform() * q[d] >= pdist[d]:     # reject with 1 - min(1, p/q)
                     resid = np.maximum(pdist - q, 0.0)
-                    new.append(draw(resid if resid.sum() > 0 else pdist, self.sampler._rng.random()))
+                    new.append(draw(resid if resid.sum() > 0 else pdist, self.sampler.uniform()))
                     break
             new.append(d)
             h.append(d)

@@ -345,6 +345,12 @@ class Sampler:
     def is_greedy(self) -> bool:
         return self.params.temperature <= 0.0
 
+    def uniform(self) -> float:
+        """The next draw in [0, 1) from this sampler's random stream. `sample` takes its draws from it,
+        and so does speculative decoding's acceptance rule (pyrunner.mtp): one stream per sequence, so a
+        seeded request replays exactly whatever mixes the two."""
+        return float(self._rng.random())
+
     def _check(self, logits) -> np.ndarray:
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or x.shape[0] == 0:
@@ -385,7 +391,7 @@ class Sampler:
             return greedy(x)
         keep = np.flatnonzero(np.isfinite(x))     # draw over the survivors only (cheap cumsum)
         probs = probabilities(x[keep], self.params.temperature)
-        return int(keep[draw(probs, self._rng.random())])
+        return int(keep[draw(probs, self.uniform())])
 
 
 def make_sampler(params: SamplingParams | None = None, **kw) -> Sampler:

@@ -4,15 +4,18 @@ context, prefix reuse (what is evaluated, and that the result equals a fresh ses
 llama-cpp-python response shapes of create_completion / create_chat_completion."""
 from __future__ import annotations
 
+import threading
 import typing
 
 import numpy as np
 import pytest
 
 from pyrunner.chat import render_chat
-from pyrunner.generate import (STATS_KEYS, ChatTurn, Completion, CompletionStream, chat_prompt_ids,
-                               create_chat_completion, create_completion, end_of_generation_ids, generate)
+from pyrunner.generate import (STATS_KEYS, STOP, ChatTurn, Completion, CompletionStream, StepsEnd, chat_prompt_ids,
+                               create_chat_completion, create_completion, end_of_generation_ids, generate,
+                               generate_step)
 from pyrunner.model import Model
+from pyrunner.sampling import Sampler, SamplingParams
 from pyrunner.models import make_model
 
 PROMPT = "hello world, the quick brown fox"
@@ -352,3 +355,61 @@ def test_a_stream_left_open_does_not_block_or_disturb_other_calls(model, ban):
     mid = model.generate("other " + PROMPT, **kw)                  # ... so this call runs on a session of its own
     assert mid.tokens == other.tokens
     assert first + "".join(it) == whole.text and s.completion.tokens == whole.tokens
+
+
+# ------------------------------------------------------------------------------------ the step loop
+
+
+def steps_of(sess, ids, ban, **kw):
+    return generate_step(sess, ids, Sampler(SamplingParams.greedy(logit_bias=ban)), **kw)
+
+
+def finish(steps, reply=None) -> StepsEnd:
+    with pytest.raises(StopIteration) as e:
+        next(steps) if reply is None else steps.send(reply)
+    assert isinstance(e.value.value, StepsEnd)
+    return e.value.value
+
+
+def test_the_step_loop_yields_generates_tokens_and_stop_keeps_the_tokens_before(model, ban):
+    """generate_step is the loop under generate(): the same tokens; STOP at a step leaves the session
+    holding exactly the tokens before it, with a checkpoint there (the next request reuses all of it)."""
+    ids = model.tokenize(PROMPT)
+    c = generate(model, ids, max_tokens=12, temperature=0, logit_bias=ban, session=model.session())
+    sess = model.session()
+    steps = steps_of(sess, ids, ban, max_tokens=12)
+    got = [next(steps) for _ in range(5)]
+    assert [st.token for st in got] == c.tokens[:5] and not any(st.last for st in got)
+    assert sess.n_past == len(ids) + 4            # the yielded token is not evaluated yet
+    end = finish(steps, STOP)
+    assert end.reason == "stopped" and end.error is None
+    assert sess.tokens == ids + c.tokens[:4]
+    assert end.stats["prompt_tokens"] == len(ids) and end.stats["reused_prompt_tokens"] == 0
+    assert end.stats["prefill_s"] > 0 and "ttft_s" not in end.stats and "generated_tokens" not in end.stats
+    again = generate(model, ids + c.tokens[:4], max_tokens=1, temperature=0, logit_bias=ban, session=sess)
+    assert again.stats["reused_prompt_tokens"] == len(ids) + 4 and again.tokens == c.tokens[4:5]
+
+
+def test_the_step_loop_marks_its_last_step_and_ends_on_halt(tiny_path, model, ban):
+    ids = model.tokenize(PROMPT)
+    # max_tokens: the 6th step is the last; resuming after it ends the loop ("length")
+    steps = steps_of(model.session(), ids, ban, max_tokens=6)
+    got = [next(steps) for _ in range(6)]
+    assert [st.last for st in got] == [False] * 5 + [True]
+    assert finish(steps).reason == "length"
+    assert list(steps_of(model.session(), ids, ban, max_tokens=0)) == []
+    # a full context: the token at position n_ctx is the last (it cannot be evaluated)
+    with Model(tiny_path, threads=2, n_ctx=len(ids) + 3, kv_type="f32") as small:
+        sess = small.session()
+        steps = steps_of(sess, ids, ban)
+        got = [next(steps) for _ in range(4)]
+        assert [st.last for st in got] == [False] * 3 + [True]
+        assert finish(steps).reason == "context" and sess.n_past == small.n_ctx
+    # halt: the loop ends before its next evaluation, the state holding the tokens before the last step
+    halt = threading.Event()
+    sess = model.session()
+    steps = steps_of(sess, ids, ban, halt=halt)
+    got = [next(steps) for _ in range(3)]
+    halt.set()
+    end = finish(steps)
+    assert end.reason == "halted" and sess.tokens == ids + [st.token for st in got[:2]]

@@ -17,7 +17,7 @@ import pytest
 
 from model_oracles import EOS0, prompt
 from pyrunner import models
-from pyrunner.generate import end_of_generation_ids, generate
+from pyrunner.generate import STOP, end_of_generation_ids, generate, generate_step
 from pyrunner.model import Model
 from pyrunner.sampling import Sampler, SamplingParams
 
@@ -270,3 +270,54 @@ def test_generate_reports_reused_tokens_and_mtp_stats(model):
     assert c2.tokens == ref.tokens
     for key in ("drafts_proposed", "drafts_accepted", "mean_accepted_len", "mtp_windows", "mtp_rollback_s"):
         assert key in c2.stats
+
+
+# ------------------------------------------------------------------------------------ the step loop
+
+
+def test_step_loop_stop_inside_a_window_rolls_back_and_close_keeps_the_window(model):
+    """STOP at a step in the middle of a verify window's tokens cuts the session back to the tokens before
+    it; close() abandons the loop and leaves what the window evaluated."""
+    ids = prompt(7, 20)
+    ref = generate(model, ids, max_tokens=9, temperature=0, session=model.session())
+    for how in ("stop", "close"):
+        sess = model.session()
+        steps = generate_step(sess, ids, Sampler(SamplingParams(temperature=0.0)), max_tokens=9, mtp=3,
+                              draft_hook=forcing_hook(ids + ref.tokens, 1.0, 0))
+        got = [next(steps).token for _ in range(3)]   # the prefill's token, then 2 of one window's 4
+        assert got == ref.tokens[:3]
+        assert sess.n_past == len(ids) + 4            # the window took x and its 3 (right) drafts
+        if how == "stop":
+            with pytest.raises(StopIteration) as e:
+                steps.send(STOP)
+            assert e.value.value.reason == "stopped" and e.value.value.stats["drafts_accepted"] == 3
+            assert sess.tokens == ids + ref.tokens[:2]
+        else:
+            steps.close()
+            assert sess.tokens == ids + ref.tokens[:4]
+
+
+class OwnStream(Sampler):
+    """A sampler whose random stream is reachable only through Sampler.uniform: a private read of `_rng`
+    (what mtp.py did before issue 16) fails."""
+
+    def __init__(self, params):
+        super().__init__(params)
+        self._stream, self._rng = self._rng, None
+        self.draws = 0
+
+    def uniform(self):
+        self.draws += 1
+        return float(self._stream.random())
+
+
+def test_mtp_draws_its_random_numbers_from_the_sampler_it_is_given(model):
+    ids = prompt(8, 25)
+    ban = {t: -np.inf for t in end_of_generation_ids(model)}     # the step loop does not stop at EOS
+    want = generate(model, ids, max_tokens=20, temperature=0.8, seed=11, mtp=3, logit_bias=ban,
+                    session=model.session())
+    sampler = OwnStream(SamplingParams(temperature=0.8, seed=11, max_tokens=20, logit_bias=ban))
+    got = [st.token for st in generate_step(model.session(), ids, sampler, max_tokens=20, mtp=3)]
+    assert got == want.tokens
+    # one draw per sampled token would be the one-token loop; drafts and acceptance tests take more
+    assert sampler.draws > len(got) and want.stats["drafts_proposed"] > 0

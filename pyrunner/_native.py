@@ -13,6 +13,8 @@ from pathlib import Path
 
 from cffi import FFI
 
+from . import settings
+
 _PKG = Path(__file__).resolve().parent
 _SRC_HEADER = _PKG.parent / "native" / "include" / "strata.h"
 
@@ -43,7 +45,12 @@ class BufferTooSmallError(StrataError):
 
 
 def _header_text() -> str:
-    for p in (_PKG / "strata.h", _SRC_HEADER):
+    # The header must be the one the library was built from. An installed package carries its own
+    # copy next to libstrata.so (setup.py puts it there); a library named by STRATA_LIB is a build of
+    # this source tree (tests point it at build/<dir>), so the tree's header comes first then, and a
+    # header change does not need a reinstall to be tested against a fresh build.
+    order = (_SRC_HEADER, _PKG / "strata.h") if settings.lib_path() else (_PKG / "strata.h", _SRC_HEADER)
+    for p in order:
         if p.is_file():
             return p.read_text()
     raise ImportError("strata.h not found next to pyrunner or in native/include; reinstall strata")
@@ -61,7 +68,7 @@ def _abi_version(text: str) -> int:
 
 
 def _lib_path() -> str:
-    env = os.environ.get("STRATA_LIB")
+    env = settings.lib_path()
     if env:
         return os.path.abspath(env)
     p = _PKG / "libstrata.so"
@@ -80,6 +87,8 @@ if lib.strata_abi_version() != ABI_VERSION:
     raise ImportError(
         f"{LIB_PATH} has ABI version {lib.strata_abi_version()} but pyrunner expects {ABI_VERSION}; "
         "rebuild with `pip install -e .`")
+if settings.gemm_from() is not None:   # STRATA_GEMM, a process-wide measuring knob (settings.py)
+    lib.strata_set_gemm_from(settings.gemm_from())
 
 _ERRORS = {
     lib.STRATA_ERR_FORMAT: FormatError,
@@ -144,5 +153,5 @@ _default_ctx: Context | None = None
 def default_context() -> Context:
     global _default_ctx
     if _default_ctx is None:
-        _default_ctx = Context(int(os.environ.get("STRATA_THREADS", "0")) or None)
+        _default_ctx = Context(settings.threads())
     return _default_ctx

@@ -421,42 +421,20 @@ def format_mtp_table(res: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- bench ple
 
-_PLE_ENV = ("STRATA_PLE_MADV_RANDOM", "STRATA_PLE_PREFETCH")
-
-
-class _Env:
-    """Sets STRATA_PLE_* knobs for one model load (the library reads them at load) and restores them."""
-
-    def __init__(self, **kv):
-        self.kv = {k: str(v) for k, v in kv.items()}
-
-    def __enter__(self):
-        import os
-        self.old = {k: os.environ.get(k) for k in _PLE_ENV}
-        for k in _PLE_ENV:
-            os.environ.pop(k, None)
-        os.environ.update(self.kv)
-
-    def __exit__(self, *exc):
-        import os
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _delta(a: dict, b: dict, phase: str) -> dict:
     return {k[len(f"ple_{phase}_"):]: b[k] - a[k] for k in b if k.startswith(f"ple_{phase}_")}
 
 
-def _ple_model(path: str, threads: int, mode: str, n_ctx: int):
+def _ple_model(path: str, threads: int, mode: str, n_ctx: int, madv_random: bool = True, prefetch: bool = True):
+    """The model under test with the PLE access knobs given explicitly (strata_model_params'
+    ple_madv_random / ple_prefetch), so a STRATA_PLE_* in the environment cannot change a row."""
     from ._native import StrataError
     from .model import Model
     from . import ple
 
     try:
-        m = Model(path, threads=threads, n_ctx=n_ctx, ple_mode=mode)
+        m = Model(path, threads=threads, n_ctx=n_ctx, ple_mode=mode, ple_madv_random=madv_random,
+                  ple_prefetch=prefetch)
     except (StrataError, ValueError, OSError) as e:
         raise BenchError(f"Strata could not load {path}: {e}") from None
     info = ple.model_info(m)
@@ -479,7 +457,7 @@ def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_token
     (Session.stats(): its /proc/thread-self/io read_bytes and getrusage faults).
 
       decode    `decode_tokens` single-token steps per access setting: mmap with the kernel's default
-                readahead (STRATA_PLE_MADV_RANDOM=0), mmap with MADV_RANDOM, direct pread: KiB read and
+                readahead (ple_madv_random off), mmap with MADV_RANDOM, direct pread: KiB read and
                 major faults per token, tokens/s, wait for the worker per token.
       prefill   one `prompt_tokens` eval (the engine runs it in steps of 512 tokens) with and without the
                 WILLNEED prefetch, mmap and direct: gather (+ prefetch) seconds, bytes, faults, tokens/s.
@@ -498,8 +476,7 @@ def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_token
 
     for label, mode, madv in (("mmap, default readahead", "mmap", 0), ("mmap, MADV_RANDOM", "mmap", 1),
                               ("direct pread", "direct", 1)):
-        with _Env(STRATA_PLE_MADV_RANDOM=madv, STRATA_PLE_PREFETCH=1):
-            m, info = _ple_model(path, threads, mode, 4096)
+        m, info = _ple_model(path, threads, mode, 4096, madv_random=bool(madv), prefetch=True)
         try:
             s = m.session()
             s.eval(warm)
@@ -525,8 +502,8 @@ def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_token
     for mode in ("mmap", "direct"):
         for prefetch in (0, 1):
             for key, n_tok in (("prefill", prompt_tokens), ("gather", gather_tokens)):
-                with _Env(STRATA_PLE_MADV_RANDOM=1, STRATA_PLE_PREFETCH=prefetch):
-                    m, info = _ple_model(path, threads, mode, max(4096, n_tok + 16))
+                m, info = _ple_model(path, threads, mode, max(4096, n_tok + 16), madv_random=True,
+                                     prefetch=bool(prefetch))
                 try:
                     s = m.session()
                     s.eval(warm)

@@ -14,25 +14,41 @@ JSON lines, one line per (verify window, MoE layer), in the order the engine ran
   weight), as many as the model routes per token; no expert twice in one token.
 - `weights[i]`: their routing weights in the same order, as the merge multiplies them
   (written with 6 significant digits).
-- Other keys are allowed and ignored here (the offload path adds `resident` and `skipped`: the
-  experts that were device-resident and those tail skip dropped in that window).
+- Other keys are allowed (the offload path adds `resident` and `skipped`: the experts that were
+  device-resident and those tail skip dropped in that window); `skipped` is kept (a skipped expert
+  is not admitted), the rest ignored here.
 `write_trace_record` writes one line; `read_trace` reads a file back, naming the line of any error.
 
 The simulator
 -------------
-Every routed pick (token, expert) is one lookup, a hit when the expert is resident; the hit rate
-is hits / lookups (the engine's `cache_hits` / `cache_lookups`). `capacity` is the number of
-expert slots, shared by all layers. Online policies see the engine's timing: the lookups of a
-(window, layer) line are answered from the cache as it was when the line began (the engine routes
-the whole window before any copy lands), and a change made for that line is visible from the next
-window on. So two tokens of one window that pick the same missing expert are two misses.
+Every routed pick (token, expert) is one lookup, a hit when the expert is resident: the definition
+of the engine's counters (`cache_hits` / `cache_lookups` of `Session.stats()`, `--json` and the trace
+counters, all read from the C counters), so for the same run and the same capacity and policy
+settings `hotness` reproduces the engine's figures (tests/test_counters.py checks it on a prefill +
+MTP run). `capacity` is the number of expert slots, shared by all layers. Online policies see the
+engine's timing: the lookups of a (window, layer) line are answered from the cache as it was when the
+line began (the engine routes the whole window before any copy lands), and a change made for that
+line is visible from the next window on. So two tokens of one window that pick the same missing
+expert are two misses.
 
-- `hotness`: the rule of native/src/moe/expert_cache.h with the same constants (every pick adds 1
-  heat; a missing expert is admitted while a slot is free; every `interval` windows an adjustment
-  round pairs, within each layer, non-resident experts by heat descending with resident ones by
-  heat ascending, keeps pairs whose difference is >= 1.5, sorts all pairs by difference (ties: layer,
-  then incoming expert), swaps at most 96, then multiplies every heat by 0.7). Heat is float32
-  as in C, so thresholds and ties fall the same way.
+- `hotness`: the engine's scheduler (native/src/moe/offload.c) driving the table and policy of
+  native/src/moe/expert_cache.h, step for step and with the same constants. Per line: every pick adds
+  1 heat (float32, as in C, so thresholds and ties fall the same way); the line's missing experts
+  that tail skip did not drop (the trace's `skipped`) are admitted in ascending expert id while a slot
+  is free, and their copies complete within the line, so they are visible from the next line on. A
+  line of at least `stream_min` tokens (a prefill chunk that streams) admits nothing and instead
+  borrows cache slots for its staging ring: min(missing - `staging`, capacity // 2) of them, a free
+  slot first, else it evicts the coldest resident expert that the line does not read (ties: lowest
+  layer, then expert) and gives the slot back empty. Every `interval` windows, after the window's
+  last layer, an adjustment round pairs, within each layer, non-resident experts by heat descending
+  with resident ones by heat ascending, keeps pairs whose difference is >= 1.5, sorts all pairs by
+  difference (ties: layer, then incoming expert), swaps at most `max_swaps` (96), then multiplies
+  every heat by 0.7. Experts admitted by the last layer's line of that window are still loading at
+  the round (the engine publishes a copy at the next line's start): neither outsiders nor victims.
+  A swap's victim is gone at once and its replacement is resident from the next window on: in the
+  engine that holds when the swap's copy completes before the next window reaches that layer, which
+  nothing waits for (the copy engine runs on while the model thread goes on); a fast link
+  (`--sim-link-gbps` large) makes it so in practice, and the trace's `resident` lists show where not.
 - `lru`: a missing expert is inserted, evicting the least recently picked one.
 - `lfu`: a missing expert is inserted, evicting the resident one with the fewest picks so far
   (counts kept for every expert; ties: least recently picked, then lowest (layer, expert)).
@@ -59,9 +75,14 @@ POLICIES = ("hotness", "lru", "lfu", "belady")
 HOT_MAX_SWAPS = 96
 HOT_MIN_DIFF = 1.5
 HOT_DECAY = 0.7
-# Windows between two adjustment rounds: the scheduler's default (adjust_interval in
-# native/src/moe/offload.c); a setting in both.
+# The scheduler's defaults (strata_model_default_params in native/src/model/model.c; settings in
+# both): windows between two adjustment rounds, the token count from which a forward step streams
+# (prefill_stream_min), and the staging slots of the ring a streaming step fills first (n_staging).
 HOT_INTERVAL = 32
+HOT_STREAM_MIN = 1024
+HOT_STAGING = 4
+# The scheduler's staging ring holds at most this many slots (staging + borrowed; offload.c).
+_RING_MAX = 4096
 
 
 class TraceError(ValueError):
@@ -74,6 +95,7 @@ class TraceRecord:
     layer: int
     tokens: list[list[int]]
     weights: list[list[float]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)   # experts tail skip dropped (offload path)
 
 
 @dataclass
@@ -151,7 +173,10 @@ def parse_trace(lines: Iterable[str], path: str = "<trace>") -> list[TraceRecord
             if (not isinstance(wts, list) or len(wts) != len(toks)
                     or any(not isinstance(r, list) or len(r) != len(t) for r, t in zip(wts, toks))):
                 raise _bad(path, no, '"weights" must have the shape of "tokens"')
-        records.append(TraceRecord(w, layer, toks, wts))
+        skipped = obj.get("skipped", [])
+        if not isinstance(skipped, list) or not all(_is_int(e) and e >= 0 for e in skipped):
+            raise _bad(path, no, '"skipped" must be a list of expert ids')
+        records.append(TraceRecord(w, layer, toks, wts, skipped))
     return records
 
 
@@ -214,33 +239,63 @@ def _first_appearance(tokens: list[list[int]]) -> list[int]:
 
 # ------------------------------------------------------------------ policies
 
-def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay):
+def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay,
+                 stream_min=HOT_STREAM_MIN, staging=HOT_STAGING):
+    """off_begin / off_finish of native/src/moe/offload.c over the expert_cache.c table, line by
+    line (the module docstring says which engine steps each part mirrors)."""
     heat = np.zeros((n_layer, n_expert), dtype=np.float32)
-    res = np.zeros((n_layer, n_expert), dtype=bool)
+    res = np.zeros((n_layer, n_expert), dtype=bool)     # holds a slot: READY or LOADING
+    loading: list[tuple[int, int]] = []                 # admitted, copy not yet published
     n_res = 0
     hits = lookups = 0
     one, f_min, f_decay = np.float32(1.0), np.float32(min_diff), np.float32(decay)
+    ids = np.arange(n_expert)
+    last_layer = n_layer - 1
     for wi, window in enumerate(windows(records), 1):
         for r in window:
+            # off_begin publishes the copies that completed: every earlier line's admits (that
+            # line's off_finish waited for the computation after each copy)
+            loading.clear()
             resident = res[r.layer]
             picks = np.fromiter((e for t in r.tokens for e in t), dtype=np.int64)
             lookups += picks.size
             hits += int(resident[picks].sum())
             np.add.at(heat[r.layer], picks, one)    # sequential float32 += 1, as in C
-            for e in _first_appearance(r.tokens):   # admit: free slots only
+            groups = np.unique(picks)               # the line's expert groups, ascending id
+            skipped = set(r.skipped)
+            missing = [int(e) for e in groups if not resident[e] and int(e) not in skipped]
+            if len(r.tokens) >= stream_min:
+                # a streaming step: no admits; borrow slots for the ring (ec_borrow), free ones first,
+                # then the coldest READY resident not read by this line; they come back empty
+                want = min(len(missing) - staging, capacity // 2, _RING_MAX - min(staging, _RING_MAX))
+                evict = max(0, want - (capacity - n_res))
+                if evict > 0:
+                    read = np.zeros((n_layer, n_expert), dtype=bool)
+                    read[r.layer, groups[resident[groups]]] = True
+                    cand = np.flatnonzero((res & ~read).ravel())    # keys layer * n_expert + expert
+                    cand = cand[np.lexsort((cand, heat.ravel()[cand]))][:evict]   # heat, then key
+                    res.ravel()[cand] = False
+                    n_res -= cand.size
+                continue
+            for e in missing:                       # ec_admit: free slots only, ascending id
                 if n_res >= capacity:
                     break
-                if not resident[e]:
-                    resident[e] = True
-                    n_res += 1
+                resident[e] = True
+                n_res += 1
+                loading.append((r.layer, e))
+        if window[-1].layer != last_layer:
+            loading.clear()    # (a constructed trace without the last layer: nothing is in flight)
         if wi % interval:
             continue
+        # off_finish of the last layer: ec_plan_round; the last line's admits are still loading
+        busy = np.zeros((n_layer, n_expert), dtype=bool)
+        for layer, e in loading:
+            busy[layer, e] = True
         pairs = []
-        ids = np.arange(n_expert)
         for layer in range(n_layer):
             h, rs = heat[layer], res[layer]
             hot = ids[(~rs) & (h > 0)]
-            cold = ids[rs]
+            cold = ids[rs & ~busy[layer]]
             if not hot.size or not cold.size:
                 continue
             hot = hot[np.lexsort((hot, -h[hot]))]        # heat descending, id ascending
@@ -344,10 +399,14 @@ def _sim_belady(records, capacity):
 def simulate(records: Sequence[TraceRecord], capacity: int, policy: str = "hotness", *,
              interval: int = HOT_INTERVAL, n_layer: int | None = None, n_expert: int | None = None,
              max_swaps: int = HOT_MAX_SWAPS, min_diff: float = HOT_MIN_DIFF,
-             decay: float = HOT_DECAY) -> SimResult:
+             decay: float = HOT_DECAY, stream_min: int = HOT_STREAM_MIN,
+             staging: int = HOT_STAGING) -> SimResult:
     """Replays a trace through one policy. capacity: expert slots over all layers. interval,
     max_swaps, min_diff, decay: the hotness rule's settings (windows per adjustment round, swaps
-    per round, heat difference to swap, heat factor per round)."""
+    per round, heat difference to swap, heat factor per round); stream_min, staging: the
+    scheduler's (a step of at least stream_min tokens streams and borrows cache slots beyond its
+    `staging` staging slots). n_layer: the model's layers (the adjustment round follows the last);
+    None: as many as the trace shows."""
     if policy not in POLICIES:
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if capacity < 0:
@@ -357,11 +416,14 @@ def simulate(records: Sequence[TraceRecord], capacity: int, policy: str = "hotne
     if not min_diff > 0 or not 0 <= decay <= 1 or max_swaps < 0:
         raise ValueError(f"hotness settings: min_diff {min_diff} must be > 0, decay {decay} in [0, 1], "
                          f"max_swaps {max_swaps} >= 0")
+    if stream_min < 1 or staging < 0:
+        raise ValueError(f"scheduler settings: stream_min {stream_min} must be >= 1, staging {staging} >= 0")
     if policy == "hotness":
         need_l, need_e = trace_shape(records) if records else (1, 1)
         n_layer = max(n_layer or 0, need_l)
         n_expert = max(n_expert or 0, need_e)
-        hits, lookups = _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay)
+        hits, lookups = _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay,
+                                     stream_min, staging)
     elif policy == "lru":
         hits, lookups = _sim_lru(records, capacity)
     elif policy == "lfu":

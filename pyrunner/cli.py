@@ -413,12 +413,16 @@ _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "p
 
 
 def _with_env(cmd: click.Command) -> click.Command:
-    """Every option of cmd also reads STRATA_<LONG_NAME> from the environment (DESIGN §9)."""
+    """Every option of cmd also reads STRATA_<LONG_NAME> from the environment (DESIGN §9). click reads
+    these (it checks them like the flag and lists them in --help); a flag set neither way reaches
+    pyrunner.Model as None, which takes the library's default (pyrunner/settings.py says so)."""
+    from .settings import env_name
+
     for p in cmd.params:
         if isinstance(p, click.Option) and not p.envvar:
             longs = [o for o in p.opts if o.startswith("--")]
             if longs:
-                p.envvar = "STRATA_" + max(longs, key=len)[2:].upper().replace("-", "_")
+                p.envvar = env_name(max(longs, key=len))
                 p.show_envvar = True
     return cmd
 

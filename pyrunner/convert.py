@@ -61,11 +61,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
+
+from .safetensors_io import PACKED_DTYPES as _PACKED_DTYPES
+from .safetensors_io import Checkpoint, CheckpointError
 
 ARCH = "qwen4exp"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -82,99 +84,8 @@ _KNOWN_PRE = {_QWEN2_SPLIT: "qwen2", _QWEN35_SPLIT: "qwen35"}
 _TT_NORMAL, _TT_CONTROL, _TT_USER_DEFINED, _TT_UNUSED = 1, 3, 4, 5
 
 
-class ConvertError(Exception):
-    """A problem with the input checkpoint or the arguments; the message says what to do."""
-
-
-# ---------------------------------------------------------------------------------------------- safetensors
-
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-              "BOOL": np.bool_, "F8_E4M3": np.uint8}
-# stored bytes that are not numbers by themselves: read only as parts of a ModelOpt NVFP4 weight
-_PACKED_DTYPES = ("U8", "F8_E4M3")
-
-
-@dataclass
-class _Entry:
-    path: str
-    dtype: str
-    shape: tuple
-    offset: int     # absolute byte offset of the data in the file
-
-
-class Checkpoint:
-    """The tensors of every *.safetensors file of a directory, by name; data read lazily via memmap."""
-
-    def __init__(self, hf_dir: str):
-        files = sorted(f for f in os.listdir(hf_dir) if f.endswith(".safetensors"))
-        if not files:
-            raise ConvertError(f"{hf_dir}: no *.safetensors files (convert needs a save_pretrained "
-                               f"checkpoint in safetensors format)")
-        self.entries: dict[str, _Entry] = {}
-        self._maps: dict[str, np.memmap] = {}
-        for f in files:
-            path = os.path.join(hf_dir, f)
-            with open(path, "rb") as fh:
-                raw = fh.read(8)
-                if len(raw) != 8:
-                    raise ConvertError(f"{path}: truncated safetensors file (no header length)")
-                (n,) = struct.unpack("<Q", raw)
-                if n > 1 << 30 or n > os.path.getsize(path) - 8:
-                    raise ConvertError(f"{path}: not a safetensors file (header length {n})")
-                try:
-                    header = json.loads(fh.read(n))
-                except ValueError as e:
-                    raise ConvertError(f"{path}: corrupt safetensors header ({e})") from None
-            base = 8 + n
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                if info["dtype"] not in _ST_DTYPES:
-                    raise ConvertError(f"{path}: tensor {name} has dtype {info['dtype']}, which this converter "
-                                       f"does not read (F32/F16/BF16/integers, and U8/F8_E4M3 of ModelOpt NVFP4 only)")
-                start, end = info["data_offsets"]
-                e = _Entry(path, info["dtype"], tuple(info["shape"]), base + start)
-                nbytes = int(np.prod(e.shape, dtype=np.int64)) * np.dtype(_ST_DTYPES[e.dtype]).itemsize
-                if end - start != nbytes or base + end > os.path.getsize(path):
-                    raise ConvertError(f"{path}: tensor {name} has inconsistent offsets")
-                self.entries[name] = e
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.entries
-
-    def shape(self, name: str) -> tuple:
-        return self.entries[name].shape
-
-    def raw(self, name: str) -> np.ndarray:
-        """The stored array (memmap view), in its stored dtype (BF16 as uint16)."""
-        e = self.entries[name]
-        m = self._maps.get(e.path)
-        if m is None:
-            m = self._maps[e.path] = np.memmap(e.path, dtype=np.uint8, mode="r")
-        dt = np.dtype(_ST_DTYPES[e.dtype]).newbyteorder("<")
-        count = int(np.prod(e.shape, dtype=np.int64))
-        return np.frombuffer(m, dtype=dt, count=count, offset=e.offset).reshape(e.shape)
-
-    def f32(self, name: str, index=None) -> np.ndarray:
-        """The tensor (or raw(name)[index], converting only that part) as float32."""
-        a = self.raw(name)
-        if self.entries[name].dtype in _PACKED_DTYPES:
-            raise ConvertError(f"tensor {name} is stored as {self.entries[name].dtype} (packed quantized bytes) but "
-                               f"is not part of a ModelOpt NVFP4 weight (X.weight U8 + X.weight_scale F8_E4M3 + "
-                               f"X.weight_scale_2 F32); this converter cannot read it")
-        if index is not None:
-            a = a[index]
-        if self.entries[name].dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return np.asarray(a, dtype=np.float32)
-
-    def ints(self, name: str) -> list[int]:
-        a = self.raw(name)
-        if a.dtype.kind not in "iu":
-            raise ConvertError(f"PLE buffer {name} is stored as {self.entries[name].dtype}; expected an integer "
-                               f"type (int64), or its values would already be rounded")
-        return [int(x) for x in a.reshape(-1)]
+# ConvertError is the checkpoint reader's error class, so an error from either reads the same to callers
+ConvertError = CheckpointError
 
 
 # ---------------------------------------------------------------------------------------------- config

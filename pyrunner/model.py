@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from . import generate as _generate
+from . import settings
 from ._native import StrataError, check, ffi, lib
 
 KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
@@ -29,17 +30,8 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
                  "cpu_s": "cpu_s", "skipped_experts": "skipped_experts", "cpu_bytes": "cpu_bytes",
                  "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows",
                  "prefill_chunks": "prefill_chunks", "borrowed_slots": "borrowed_slots",
-                 "copy_bytes": "copy_bytes"}
-
-
-def _env_float(name: str):
-    v = os.environ.get(name)
-    if v in (None, ""):
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not a number") from None
+                 "copy_bytes": "copy_bytes", "cache_group_hits": "cache_group_hits",
+                 "cache_group_lookups": "cache_group_lookups"}
 
 
 PLE_MODES = {"auto": lib.STRATA_PLE_AUTO, "mmap": lib.STRATA_PLE_MMAP, "direct": lib.STRATA_PLE_DIRECT}
@@ -100,7 +92,9 @@ class Model:
                  mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
                  sim_link_gbps: float | None = None, tail_skip: int | None = None,
                  prefill_stream_min: int | None = None, expert_pack: str | None = "auto", *,
-                 model_path=None):
+                 max_swaps: int | None = None,
+                 model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
+                 ple_step_timeout_s: float | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -113,7 +107,16 @@ class Model:
         prefill_stream_min: a forward step of at least this many tokens streams every missing expert
         through the device's staging ring, borrowing cache slots (default 1024); expert_pack: the
         expert pack copies read from ("auto": built next to the model on first use with a device, see
-        pyrunner.expert_pack; None: copy each expert's pieces from the GGUF)."""
+        pyrunner.expert_pack; None: copy each expert's pieces from the GGUF); max_swaps: expert-cache swaps per
+        adjustment round at most (default 96). ple_madv_random (default
+        True: MADV_RANDOM on the mapped PLE table; False: the kernel's readahead), ple_prefetch (default
+        True: WILLNEED a prefill step's table pages first), ple_step_timeout_s (default 300: an eval
+        fails when the PLE gather worker takes longer).
+
+        Every argument left None comes from the environment through pyrunner.settings (threads:
+        STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
+        ple_* ones: STRATA_PLE_*), and when that is unset from libstrata's
+        strata_model_default_params(): the defaults have one owner."""
         if path is not None and model_path is not None:
             raise TypeError("Model(): give the GGUF as path or as model_path, not both")
         if path is None and model_path is None:
@@ -136,11 +139,19 @@ class Model:
         trained = trained_context(self.metadata)
         if n_ctx is None:
             n_ctx = min(trained or N_CTX_DEFAULT_MAX, N_CTX_DEFAULT_MAX)
+        if threads is None:
+            threads = settings.threads()
         if tail_skip is None:
-            env = os.environ.get("STRATA_ROUTE_TAIL_SKIP")
-            tail_skip = int(env) if env not in (None, "") else -1
+            tail_skip = settings.tail_skip()
         if sim_link_gbps is None:
-            sim_link_gbps = _env_float("STRATA_SIM_LINK_GBPS") or 16.0
+            sim_link_gbps = settings.sim_link_gbps()
+        if ple_madv_random is None:
+            ple_madv_random = settings.ple_madv_random()
+        if ple_prefetch is None:
+            ple_prefetch = settings.ple_prefetch()
+        if ple_step_timeout_s is None:
+            ple_step_timeout_s = settings.ple_step_timeout_s()
+        stall_ms, stall_at = settings.ple_test_stall()
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
@@ -158,10 +169,27 @@ class Model:
         p.device = DEVICES[device]
         p.cache_bytes = int((cache_gib or 0) * (1 << 30))
         p.pcie_frac = -1.0 if pcie_frac is None else float(pcie_frac)
-        p.sim_link_gbps = float(sim_link_gbps)
-        p.tail_skip = int(tail_skip)
+        # None (argument and environment unset): the field keeps strata_model_default_params()'s value
+        if sim_link_gbps is not None:
+            p.sim_link_gbps = float(sim_link_gbps)
+        if tail_skip is not None:
+            p.tail_skip = int(tail_skip)
+        if ple_madv_random is not None:
+            p.ple_madv_random = int(bool(ple_madv_random))
+        if ple_prefetch is not None:
+            p.ple_prefetch = int(bool(ple_prefetch))
+        if ple_step_timeout_s is not None:
+            p.ple_step_timeout_s = float(ple_step_timeout_s)
+        if stall_ms is not None:
+            p.ple_test_stall_ms = int(stall_ms)
+        if stall_at is not None:
+            p.ple_test_stall_at = int(stall_at)
         if prefill_stream_min is not None:
             p.prefill_stream_min = int(prefill_stream_min)
+        if max_swaps is not None:                 # expert-cache swaps per adjustment round (default 96, DESIGN §4)
+            if max_swaps < 0:
+                raise ValueError(f"max_swaps must be >= 0 (got {max_swaps})")
+            p.max_swaps = int(max_swaps)
         self.expert_pack = None
         if expert_pack is not None and device != "cpu":
             from . import expert_pack as xp

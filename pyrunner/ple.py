@@ -20,7 +20,7 @@ resident set does not grow with the table), written to a temporary name, checked
 
 A GGUF converted with `strata convert --ple-external DIR` carries no table tensor; its key
 `strata.ple_external` names the table (relative to the GGUF), `strata.ple_external.rows` and
-`strata.ple_external.source` identify it. The engine (native/src/model/ple.c) reads the sidecar and
+`strata.ple_external.source` identify it. The engine (native/src/model/ple_layer.c) reads the sidecar and
 refuses a table whose size, row width, row count or source do not match.
 """
 from __future__ import annotations
@@ -31,6 +31,8 @@ import os
 import re
 
 import numpy as np
+
+from .safetensors_io import Checkpoint, CheckpointError
 
 FORMAT = "strata-ple-nvfp4-v1"
 TABLE_NAME = "ple_nvfp4.bin"
@@ -49,7 +51,7 @@ def sidecar_path(table: str) -> str:
 # ---------------------------------------------------------------------------------------------- packing
 
 def find_shards(ck) -> tuple[str, list[str]]:
-    """(prefix, [shard weight names in index order]) of the NVFP4 PLE table in a convert.Checkpoint."""
+    """(prefix, [shard weight names in index order]) of the NVFP4 PLE table in a safetensors_io.Checkpoint."""
     found: dict[str, dict[int, str]] = {}
     for name in ck.entries:
         m = _SHARD.match(name)
@@ -124,13 +126,11 @@ def _read(f, offset: int, n: int, name: str) -> np.ndarray:
 def pack_ple(hf_dir: str, out_dir: str, log=None) -> dict:
     """Pack the ModelOpt NVFP4 PLE table of the checkpoint in hf_dir into out_dir/ple_nvfp4.bin (+ .json).
     Returns the sidecar dict (plus "path": the table file)."""
-    from .convert import Checkpoint, ConvertError
-
     if not os.path.isdir(hf_dir):
         raise PleError(f"{hf_dir}: not a directory (pack-ple reads a ModelOpt NVFP4 checkpoint directory)")
     try:
         ck = Checkpoint(hf_dir)
-    except ConvertError as e:
+    except CheckpointError as e:
         raise PleError(str(e)) from None
     prefix, names = find_shards(ck)
     meta = _layout(ck, names)

@@ -30,6 +30,7 @@ import os
 import resource
 import time
 
+from . import settings
 from ._native import StrataError, ffi, lib
 
 # ------------------------------------------------------------------------------------ watchdog
@@ -44,12 +45,8 @@ class WatchdogError(StrataError):
 def watchdog_seconds(value: float | None) -> float:
     """The watchdog time for a request: value, else STRATA_WATCHDOG_S, else 600 (<= 0: off)."""
     if value is None:
-        env = os.environ.get("STRATA_WATCHDOG_S")
-        try:
-            value = float(env) if env not in (None, "") else DEFAULT_WATCHDOG_S
-        except ValueError:
-            raise ValueError(f"STRATA_WATCHDOG_S={env!r} is not a number of seconds") from None
-    return float(value)
+        value = settings.watchdog_s()          # the environment is read in pyrunner.settings only
+    return float(DEFAULT_WATCHDOG_S if value is None else value)
 
 
 def watchdog(seconds: float) -> None:

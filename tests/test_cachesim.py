@@ -1,7 +1,9 @@
 """The routing-trace format and `strata cache-sim` (pyrunner/cachesim.py): each policy on constructed
-traces whose answers are worked out by hand, Belady at least as good as every online policy on random
-traces, the hotness policy against a plain re-statement of its rule, the rule's constants against the
-C cache's defaults, and the CLI."""
+traces whose answers are worked out by hand, the hotness replay's scheduler steps (admit order, tail
+skip, the last layer's admits in flight at a round, streaming steps that borrow slots), Belady at least
+as good as every online policy on random traces, the hotness policy against a plain re-statement of its
+rule and against the C table, the rule's constants against the C cache's defaults, and the CLI. The
+replay against the engine itself is tests/test_counters.py."""
 from __future__ import annotations
 
 import io
@@ -182,22 +184,70 @@ def test_hotness_cap_and_order():
     assert simulate(trace, 1, "hotness", interval=1).hits == 1
 
 
+def test_hotness_schedules_as_the_engine():
+    # Admits go in ascending expert id (offload.c walks the groups by id), not in rank order.
+    assert simulate([rec(0, 0, [5, 2]), rec(1, 0, [2])], 1, "hotness").hits == 1
+    assert simulate([rec(0, 0, [5, 2]), rec(1, 0, [5])], 1, "hotness").hits == 0
+    # An expert tail skip dropped is counted and heated but not admitted.
+    skip = rec(0, 0, [3])
+    skip.skipped = [3]
+    assert simulate([skip, rec(1, 0, [3])], 4, "hotness").hits == 0
+    assert simulate([rec(0, 0, [3]), rec(1, 0, [3])], 4, "hotness").hits == 1
+    # The last layer's admits are still in flight at the round: not victims. Expert 7 (skipped,
+    # heat 3) against 3 (admitted, heat 1): no swap when layer 0 is the last layer; a swap when a
+    # layer 1 follows (layer 0's copy is published at layer 1's start, before the round).
+    w0 = rec(0, 0, [7], [7], [7], [3])
+    w0.skipped = [7]
+    probe = [w0, rec(1, 0, [7])]
+    assert simulate(probe, 1, "hotness", interval=1).hits == 0
+    assert simulate(probe, 1, "hotness", interval=1, n_layer=2).hits == 1
+    assert brute_hotness(probe, 1, interval=1) == 0 and brute_hotness(probe, 1, interval=1, n_layer=2) == 1
+
+
+def test_streaming_steps_borrow_instead_of_admitting():
+    kw = dict(stream_min=2, interval=1000)   # no rounds: only admits and borrows move experts
+    fill = rec(0, 0, [0, 1, 2, 3])                   # fills all 4 slots (heat 1 each)
+    back = [rec(2, 0, [0, 1, 2, 3]), rec(3, 0, [0, 1, 2, 3])]
+    # Four missing groups, no staging: borrow min(4 - 0, 4 // 2) = 2 slots, evicting the two
+    # coldest (ties: lowest id): 0 and 1. They come back empty, so window 2 hits 2 and 3 and
+    # re-admits 0 and 1; window 3 hits all four.
+    stream = rec(1, 0, [4, 5], [6, 7])
+    assert simulate([fill, stream] + back, 4, "hotness", staging=0, **kw).hits == 2 + 4
+    # Three staging slots: only 4 - 3 = 1 borrowed.
+    assert simulate([fill, stream] + back, 4, "hotness", staging=3, **kw).hits == 3 + 4
+    # A streaming step admits nothing: 4 and 5 are missed again.
+    assert simulate([rec(0, 0, [4, 5], [4, 5]), rec(1, 0, [4])], 4, "hotness", **kw).hits == 0
+    assert simulate([rec(0, 0, [4, 5]), rec(1, 0, [4])], 4, "hotness", **kw).hits == 1
+    # The step's own resident groups are pinned: after its notes 0 ties 1..3 at heat 2 and would
+    # go first by id, but it is read, so 1 and 2 are evicted.
+    warm = rec(1, 0, [1, 2, 3])
+    reads0 = rec(2, 0, [0, 4], [5, 6])
+    assert simulate([fill, warm, reads0, rec(3, 0, [0])], 4, "hotness", staging=0, **kw).hits == 3 + 1 + 1
+    assert simulate([fill, warm, reads0, rec(3, 0, [1])], 4, "hotness", staging=0, **kw).hits == 3 + 1 + 0
+    # Free slots are borrowed before anything is evicted.
+    assert simulate([rec(0, 0, [0, 1]), rec(1, 0, [4, 5], [6, 7]), rec(2, 0, [0, 1])], 4, "hotness",
+                    staging=0, **kw).hits == 2
+
+
 # ------------------------------------------------------------------ random traces
 
 def brute_hotness(records, capacity, interval=cachesim.HOT_INTERVAL, max_swaps=cachesim.HOT_MAX_SWAPS,
-                  min_diff=cachesim.HOT_MIN_DIFF, decay=cachesim.HOT_DECAY):
-    """The rule as stated in DESIGN §4, in plain loops over dicts, float32 like the C table."""
+                  min_diff=cachesim.HOT_MIN_DIFF, decay=cachesim.HOT_DECAY, n_layer=None):
+    """The rule as stated in DESIGN §4 with the scheduler's order (offload.c: admits in ascending
+    expert id; the last layer's admits still loading at the round), in plain loops over dicts,
+    float32 like the C table. No streaming steps (every line has < 1024 tokens)."""
     f32 = np.float32
     heat: dict = {}
     resident: set = set()
     hits = lookups = 0
     n_windows = 0
+    last_layer = (n_layer or max(r.layer for r in records) + 1) - 1
 
-    def adjust():
+    def adjust(loading):
         pairs = []
         for layer in sorted({k[0] for k in heat} | {k[0] for k in resident}):
             outside = [e for (l, e), h in heat.items() if l == layer and (l, e) not in resident and h > 0]
-            inside = [e for (l, e) in resident if l == layer]
+            inside = [e for (l, e) in resident if l == layer and (l, e) not in loading]
             outside.sort(key=lambda e: (-heat[(layer, e)], e))
             inside.sort(key=lambda e: (heat.get((layer, e), f32(0)), e))
             for a, b in zip(outside, inside):
@@ -215,6 +265,7 @@ def brute_hotness(records, capacity, interval=cachesim.HOT_INTERVAL, max_swaps=c
     i = 0
     while i < len(records):
         w = records[i].window
+        loading = set()
         while i < len(records) and records[i].window == w:
             r = records[i]
             start = set(resident)
@@ -223,14 +274,17 @@ def brute_hotness(records, capacity, interval=cachesim.HOT_INTERVAL, max_swaps=c
                     lookups += 1
                     hits += (r.layer, e) in start
                     heat[(r.layer, e)] = f32(heat.get((r.layer, e), f32(0)) + f32(1))
-            for t in r.tokens:
-                for e in t:
-                    if len(resident) < capacity and (r.layer, e) not in resident:
-                        resident.add((r.layer, e))
+            loading = set()
+            for e in sorted({e for t in r.tokens for e in t} - set(r.skipped)):
+                if len(resident) < capacity and (r.layer, e) not in resident:
+                    resident.add((r.layer, e))
+                    loading.add((r.layer, e))
+            if r.layer != last_layer:
+                loading = set()
             i += 1
         n_windows += 1
         if n_windows % interval == 0:
-            adjust()
+            adjust(loading)
     return hits
 
 
@@ -262,15 +316,22 @@ def c_replay(tmp_path_factory):
 @pytest.mark.parametrize("seed", range(4))
 def test_hotness_matches_the_c_cache(c_replay, seed):
     trace = random_trace(200 + seed, n_windows=150)
+    # The replay admits in order of first appearance and completes every copy before a round; the
+    # scheduler (and cachesim) admit in ascending expert id and leave the last layer's admits
+    # loading through the round. A line's picks in ascending order make the first two agree (its
+    # notes do not depend on the order: heat sums of 1.0 are exact in float32, hits are counted
+    # against the table as the line began), and one more layer without lines makes that last
+    # layer's admits nil, so both run the same table operations in the same order.
     text = "".join(f"{r.window} {r.layer} {len(r.tokens)} {len(r.tokens[0])} "
-                   + " ".join(str(e) for t in r.tokens for e in t) + "\n" for r in trace)
+                   + " ".join(str(e) for e in sorted(e for t in r.tokens for e in t)) + "\n" for r in trace)
     n_layer, n_expert = cachesim.trace_shape(trace)
+    n_layer += 1
     for capacity, interval, max_swaps in [(6, 1, 96), (18, 2, 96), (36, 8, 96), (54, 3, 96), (18, 1, 1), (36, 2, 2)]:
         out = subprocess.run([str(c_replay), "--replay", str(n_layer), str(n_expert), str(capacity), str(interval),
                               str(max_swaps)], input=text, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         hits, lookups = map(int, out.stdout.split())
-        py = simulate(trace, capacity, "hotness", interval=interval, max_swaps=max_swaps)
+        py = simulate(trace, capacity, "hotness", interval=interval, max_swaps=max_swaps, n_layer=n_layer)
         assert (hits, lookups) == (py.hits, py.lookups), (capacity, interval, max_swaps)
 
 
@@ -305,6 +366,8 @@ def test_simulate_rejects_bad_settings():
         simulate(ABACBA, 2, "hotness", interval=0)
     with pytest.raises(ValueError, match="capacity"):
         simulate(ABACBA, -1, "lru")
+    with pytest.raises(ValueError, match="stream_min"):
+        simulate(ABACBA, 2, "hotness", stream_min=0)
 
 
 # ------------------------------------------------------------------ CLI

@@ -1,4 +1,4 @@
-"""The `cuda` expert device (issue 5; native/src/moe/device_cuda.cu, kernels/cuda/blocks.cuh).
+"""The `cuda` expert device (issue 5; native/src/device/device_cuda.cu, kernels/cuda/blocks.cuh).
 
 Without a GPU (here and in CI, wherever nvcc exists):
 - the block decoders the CUDA kernels use (`blk_value`, __host__ __device__) are compiled by nvcc as

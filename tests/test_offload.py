@@ -19,6 +19,7 @@ import pytest
 
 from model_oracles import greedy_run
 from pyrunner import models
+from pyrunner._native import check, ffi, lib
 from pyrunner.model import Model
 
 N_STEPS = 64
@@ -33,6 +34,13 @@ def tiny(tmp_path_factory) -> str:
 
 def _greedy(model: Model, prompt, steps: int = N_STEPS):
     return greedy_run(model, prompt, steps)
+
+
+def _raw_stats(model: Model):
+    """The C struct itself (strata_offload_stats), with the group counters Model.offload_stats may not list."""
+    st = ffi.new("strata_offload_stats *")
+    check(lib.strata_model_offload_stats(model._ptr, st))
+    return st
 
 
 def _routed_bytes(path: str) -> int:
@@ -70,8 +78,18 @@ def test_sim_gives_the_cpu_numbers(tiny, reference, budget, pcie):
         assert st["cpu_groups"] > 0 and st["pcie_groups"] == st["cache_admits"]
     if 0 < budget < 1:
         assert st["cache_swaps"] > 0, "a partial budget never swapped (adjustment rounds did nothing)"
+    # one lookup per routed PICK (each token's each routed expert, every trunk layer), groups apart
+    raw = _raw_stats(m)
+    k = int(m.metadata[f"{m.metadata['general.architecture']}.expert_used_count"])
+    assert st["cache_lookups"] == (len(prompt) + N_STEPS) * k * m.n_layer
+    assert raw.cache_group_lookups < st["cache_lookups"], "the prompt's repeated picks were not merged into groups"
+    assert raw.cache_group_hits <= raw.cache_group_lookups and st["cache_hits"] >= raw.cache_group_hits
+    if budget == 0:
+        assert raw.cache_group_hits == 0
     if budget == 1:
-        assert st["cpu_groups"] == 0 and st["cache_hits"] == st["cache_lookups"] - st["cache_admits"]
+        # every missing group is admitted (one miss per group; its picks all miss), nothing runs on the CPU
+        assert st["cpu_groups"] == 0 and raw.cache_group_hits == raw.cache_group_lookups - st["cache_admits"]
+        assert st["cache_hits"] < st["cache_lookups"] - st["cache_admits"], "an admitted prompt group had one pick"
 
 
 def test_tail_skip_follows_its_rule(tiny, reference, tmp_path):

@@ -160,7 +160,7 @@ def packed(tmp_path_factory):
 
 
 def test_pack_ple_layout(packed):
-    from pyrunner.convert import Checkpoint
+    from pyrunner.safetensors_io import Checkpoint
     table, meta = ple.read_sidecar(str(packed["dir"]))
     ck = Checkpoint(packed["hf"])
     _, names = ple.find_shards(ck)
@@ -354,3 +354,16 @@ def test_pack_ple_streams_with_bounded_memory(tmp_path):
         np.testing.assert_array_equal(raw[i * 40000:(i + 1) * 40000, :80], w)
         np.testing.assert_array_equal(raw[i * 40000:(i + 1) * 40000, 80:], s)
     assert grew < 24 << 20, f"pack-ple's resident memory grew by {grew / 2**20:.1f} MiB for a 57.6 MB table"
+
+
+# ---------------------------------------------------------------------------------------------- imports
+
+@pytest.mark.parametrize("mod, other", [("pyrunner.ple", "pyrunner.convert"), ("pyrunner.convert", "pyrunner.ple")])
+def test_ple_and_convert_do_not_import_each_other(mod, other):
+    # both read checkpoints through pyrunner.safetensors_io; importing one must not load the other
+    code = f"import sys, {mod}; print('pyrunner.safetensors_io' in sys.modules, {other!r} in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False"], r.stdout
+    # nor later, inside a function: pack-ple reads shards without the converter
+    assert "from .convert" not in (ROOT / "pyrunner" / "ple.py").read_text()

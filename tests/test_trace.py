@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pyrunner import trace
 from pyrunner.cli import main as cli
 from pyrunner.generate import generate
+from pyrunner.gguf import GGUFFile
 from pyrunner.model import Model
 from pyrunner.models import make_model
 
@@ -64,6 +65,8 @@ def _traced(path, tmp_path, model_kw=None, **gen_kw):
 def test_trace_windows_layers_nesting_and_counters(tiny, tmp_path):
     c, d, n_layer, ple_layer = _traced(tiny, tmp_path, dict(cache_gib=0.0002, pcie_frac=0.5), max_tokens=8)
     assert c.finish_reason == "length" and c.stats["pcie_groups"] > 0 and c.stats["cache_hits"] > 0
+    md = GGUFFile(tiny).metadata()
+    k_used = int(md[f"{md['general.architecture']}.expert_used_count"])
     ev = d["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"model", "PLE worker", "sim copy", "sim compute"} <= set(names.values())
@@ -105,8 +108,11 @@ def test_trace_windows_layers_nesting_and_counters(tiny, tmp_path):
             stack.append(t1)
     # the trace's events add up to the request's stats
     moe = [e for e in X if e["cat"] == "moe"]
+    # hits and lookups count routed picks: a layer's event of `tokens` rows looked up tokens x K picks
+    # (K routed experts per token); `experts` counts its groups, which are fewer once tokens share one
     assert sum(e["args"]["hits"] for e in moe) == c.stats["cache_hits"]
-    assert sum(e["args"]["experts"] for e in moe) == c.stats["cache_lookups"]
+    assert sum(e["args"]["tokens"] * k_used for e in moe) == c.stats["cache_lookups"]
+    assert sum(e["args"]["experts"] for e in moe) < c.stats["cache_lookups"]
     assert sum(e["args"]["rows"] for e in X if e["cat"] == "ple_gather") == c.stats["ple_rows"]
     copy_tid = next(t for t, n in names.items() if n == "sim copy")
     copies = [e for e in X if e["cat"] == "dev_copy" and e["tid"] == copy_tid]   # (not their slot tracks)

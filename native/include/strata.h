@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 2
+#define STRATA_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -70,8 +70,20 @@ typedef enum strata_isa {
 
 /* 1 if the path can run on this CPU and was compiled in, else 0. */
 int32_t strata_isa_supported(strata_isa isa);
-/* The path STRATA_ISA_AUTO resolves to (env STRATA_ISA=scalar|avx2 overrides). */
+/* The path STRATA_ISA_AUTO resolves to (env STRATA_ISA=scalar|avx2 overrides).
+ *
+ * The environment inside libstrata: every setting is a params field or a call (pyrunner/settings.py
+ * reads the STRATA_* variables into them), except one debugging override read once per process,
+ * because the CPU detection it replaces runs before any params exist:
+ *   STRATA_ISA=scalar   the portable C path everywhere (api.c) */
 strata_isa strata_isa_best(void);
+
+/* Which matrix products take the CPU GEMM path instead of matrix x vector, for the whole process
+ * (a measuring knob; pyrunner sets it from STRATA_GEMM at import): n_cols < 0 restores the default
+ * (float weights — F32, F16, BF16 — from 8 token columns on, quantized weights never:
+ * kernels/cpu/gemm.c says why), 0 turns the GEMM off, N > 0 sends every weight type to it from N
+ * columns on. Set it before forward calls start; returns the value it replaced. */
+int64_t strata_set_gemm_from(int64_t n_cols);
 
 /* ---------------------------------------------------------------- context (thread pool) */
 
@@ -324,10 +336,20 @@ typedef struct strata_model_params {
     int32_t adjust_interval; /* windows between expert-cache adjustment rounds; default 32 */
     int32_t prefill_stream_min; /* a forward step of at least this many tokens streams every missing
                             expert through the staging ring (borrowing cache slots); default 1024 */
+    int32_t max_swaps;   /* at most this many expert-cache swaps per adjustment round; default 96 */
     const char *expert_pack; /* the model's expert pack (pyrunner/expert_pack.py: one blob per expert,
                             checked against the model at load); NULL: copy each expert's three
                             pieces from the GGUF. Only read during strata_model_load. */
     int32_t ple_mode;    /* strata_ple_mode: how the PLE table is read; default STRATA_PLE_AUTO */
+    /* PLE table access and gather worker (DESIGN §6). The library reads no environment for these:
+       pyrunner/settings.py reads STRATA_PLE_* into them. */
+    int32_t ple_madv_random;   /* 1 (default): madvise(MADV_RANDOM) on the mapped table; 0: the kernel's
+                                  default readahead (a benchmark knob) */
+    int32_t ple_prefetch;      /* 1 (default): WILLNEED a multi-token step's pages before gathering; 0: off */
+    double ple_step_timeout_s; /* an eval fails when a gather step is not done after this long; default
+                                  300; <= 0 means the default */
+    uint32_t ple_test_stall_ms;/* test hook: the worker sleeps this long before publishing a step; default 0 */
+    uint64_t ple_test_stall_at;/* test hook: only worker step (seq) N stalls; default 0 = every step */
 } strata_model_params;
 
 typedef enum strata_device {
@@ -370,6 +392,9 @@ typedef struct strata_offload_stats {
     int32_t staging_slots;
     uint64_t slot_bytes;
     double probe_gbps;       /* link probe at load (0 on CPU) */
+    /* Hits and lookups count routed PICKS (as the seed's log does): every (token, routed expert)
+     * of a trunk MoE layer on the offload path is one lookup, a hit when that expert was resident
+     * (READY) when the layer was planned. One owner: the ExpertCache (ec_stats). */
     uint64_t cache_hits;
     uint64_t cache_lookups;
     uint64_t cache_swaps;
@@ -386,6 +411,8 @@ typedef struct strata_offload_stats {
     uint64_t prefill_chunks;  /* forward steps that streamed every missing expert */
     uint64_t borrowed_slots;  /* cache slots lent to their staging rings (summed over layers) */
     uint64_t copy_bytes;      /* every byte the copy engine moved (staging, admits, swaps) */
+    uint64_t cache_group_hits;     /* expert GROUPS (one per active (layer, expert) of a window) found resident */
+    uint64_t cache_group_lookups;  /* expert groups looked up (a group merges every pick of one expert) */
 } strata_offload_stats;
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
 /* The share of missing expert groups sent over the link from now on (the controller's output). */

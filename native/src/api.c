@@ -59,6 +59,8 @@ static void cpu_detect(void) {
     __builtin_cpu_init();
     g_has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #endif
+    /* a debugging override, one of the two variables the library reads (strata.h lists them next
+     * to strata_isa_best; every setting is a params field, read from the environment in Python) */
     const char *env = getenv("STRATA_ISA");
     g_isa_env_scalar = env && strcmp(env, "scalar") == 0;
 }
@@ -76,6 +78,8 @@ int32_t strata_isa_supported(strata_isa isa) {
     }
     return 0;
 }
+
+int64_t strata_set_gemm_from(int64_t n_cols) { return strata_gemm_set_from(n_cols); }
 
 strata_isa strata_isa_best(void) {
     const int avx2 = strata_cpu_has_avx2(); /* runs cpu_detect once */

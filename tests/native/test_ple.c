@@ -58,7 +58,7 @@ static void test_modes_read_the_same_rows(void) {
     uint8_t buf[sizeof rows / sizeof rows[0] * ROWB];
     for (int mode = PLE_MODE_MMAP; mode <= PLE_MODE_DIRECT; mode++) {
         ple_table t;
-        CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode) == STRATA_OK);
+        CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode, NULL) == STRATA_OK);
         CHECK(t.mode == mode && t.madv_random && t.fd >= 0);
         memset(buf, 0, sizeof buf);
         CHECK(ple_gather(&t, rows, n, buf) == STRATA_OK);
@@ -68,7 +68,7 @@ static void test_modes_read_the_same_rows(void) {
         uint64_t off = 0;
         CHECK(ple_backing_file(t.rows + 5 * ROWB, p, sizeof p, &off) && off == 5 * ROWB);
         ple_table mt;
-        CHECK(ple_table_open_mapped(&mt, t.rows, ROWB, NROWS, PLE_MODE_DIRECT) == STRATA_OK);
+        CHECK(ple_table_open_mapped(&mt, t.rows, ROWB, NROWS, PLE_MODE_DIRECT, NULL) == STRATA_OK);
         CHECK(mt.mode == PLE_MODE_DIRECT && mt.fd >= 0 && mt.file_off == 0);
         memset(buf, 0, sizeof buf);
         CHECK(ple_gather(&mt, rows, n, buf) == STRATA_OK);
@@ -81,7 +81,7 @@ static void test_modes_read_the_same_rows(void) {
     /* a table in anonymous memory has no file: mmap mode whatever was asked */
     uint8_t *mem = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ple_table t;
-    CHECK(ple_table_open_mapped(&t, mem, ROWB, 8192 / ROWB, PLE_MODE_DIRECT) == STRATA_OK);
+    CHECK(ple_table_open_mapped(&t, mem, ROWB, 8192 / ROWB, PLE_MODE_DIRECT, NULL) == STRATA_OK);
     CHECK(t.mode == PLE_MODE_MMAP && t.fd < 0 && strstr(t.why, "not backed by a file"));
     ple_table_close(&t);
     munmap(mem, 8192);
@@ -89,14 +89,14 @@ static void test_modes_read_the_same_rows(void) {
 
 static void test_size_mismatch_refused(void) {
     ple_table t;
-    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS + 1, PLE_MODE_MMAP) == STRATA_ERR_FORMAT);
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS + 1, PLE_MODE_MMAP, NULL) == STRATA_ERR_FORMAT);
     CHECK(strstr(strata_last_error(), "truncated") != NULL);
-    CHECK(ple_table_open_file(&t, "/nonexistent/x.bin", ROWB, 1, PLE_MODE_MMAP) == STRATA_ERR_IO);
+    CHECK(ple_table_open_file(&t, "/nonexistent/x.bin", ROWB, 1, PLE_MODE_MMAP, NULL) == STRATA_ERR_IO);
 }
 
 static void test_prefetch_pages(void) {
     ple_table t;
-    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP) == STRATA_OK);
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP, NULL) == STRATA_OK);
     /* row 45 spans bytes 4050..4139: pages 0 and 1; row 0: page 0; row 1000: 90000..90089: page 21 */
     const uint64_t rows[] = {45, 0, 1000, 45, 1000};
     CHECK(ple_prefetch(&t, rows, 5) == 3);
@@ -201,10 +201,10 @@ static ple_hash small_hash(void) {
 static void test_worker_two_threads(void) {
     for (int mode = PLE_MODE_MMAP; mode <= PLE_MODE_DIRECT; mode++) {
         ple_table t;
-        CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode) == STRATA_OK);
+        CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode, NULL) == STRATA_OK);
         ple_hash h = small_hash();
         ple_worker w;
-        CHECK(ple_worker_start(&w, &t, &h, 40) == STRATA_OK);
+        CHECK(ple_worker_start(&w, &t, &h, 40, NULL) == STRATA_OK);
         client c[2] = {{&w, &h, 300, 0, 0}, {&w, &h, 300, 1, 0}};
         pthread_t th[2];
         for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, client_main, &c[i]);
@@ -218,10 +218,10 @@ static void test_worker_two_threads(void) {
 
 static void test_stalled_step_times_out(void) {
     ple_table t;
-    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP) == STRATA_OK);
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP, NULL) == STRATA_OK);
     ple_hash h = small_hash();
     ple_worker w;
-    CHECK(ple_worker_start(&w, &t, &h, 8) == STRATA_OK);
+    CHECK(ple_worker_start(&w, &t, &h, 8, NULL) == STRATA_OK);
     w.timeout_s = 0.2;
     w.stall_ms = 600;
     const int32_t hist[] = {1, 2, 3, 4};
@@ -249,6 +249,49 @@ static void test_stalled_step_times_out(void) {
     ple_table_close(&t);
 }
 
+/* The settings arrive as ple_params, not from the environment: madv_random and prefetch off as
+ * asked, and the worker's timeout and stall hook (step 2 only) from the same struct. */
+static void test_params_are_the_settings(void) {
+    ple_params p = ple_default_params();
+    CHECK(p.madv_random == 1 && p.prefetch == 1 && p.step_timeout_s == 300.0 && p.test_stall_ms == 0);
+    p.madv_random = 0;
+    p.prefetch = 0;
+    ple_table t;
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP, &p) == STRATA_OK);
+    CHECK(t.madv_random == 0 && t.prefetch == 0 && strstr(t.why, "default readahead") != NULL);
+    ple_table_close(&t);
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP, NULL) == STRATA_OK);
+    CHECK(t.madv_random == 1 && t.prefetch == 1);
+    ple_hash h = small_hash();
+    ple_worker w;
+    p = ple_default_params();
+    p.step_timeout_s = 0.2;
+    p.test_stall_ms = 600;
+    p.test_stall_at = 2;
+    CHECK(ple_worker_start(&w, &t, &h, 8, &p) == STRATA_OK);
+    CHECK(w.timeout_s == 0.2 && w.stall_at == 2 && w.prefetch == 1);
+    const int32_t hist[] = {1, 2, 3, 4};
+    uint64_t seq;
+    double wait_s = 0;
+    int owner = 0;
+    CHECK(ple_submit(&w, &owner, hist, 2, &seq) == STRATA_OK && seq == 1);
+    CHECK(ple_wait(&w, seq, &wait_s) == STRATA_OK);              /* step 1 does not stall */
+    ple_release(&w, &owner);
+    CHECK(ple_submit(&w, &owner, hist, 2, &seq) == STRATA_OK && seq == 2);
+    CHECK(ple_wait(&w, seq, &wait_s) == STRATA_ERR_IO);          /* step 2 does, past the 0.2 s timeout */
+    CHECK(strstr(strata_last_error(), "did not finish within 0.2 s") != NULL);
+    ple_release(&w, &owner);
+    ple_worker_stop(&w);                                         /* joins once the stalled step ends */
+    ple_table_close(&t);
+    /* a timeout <= 0 means the default */
+    p = ple_default_params();
+    p.step_timeout_s = 0;
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_MMAP, NULL) == STRATA_OK);
+    CHECK(ple_worker_start(&w, &t, &h, 8, &p) == STRATA_OK && w.timeout_s == 300.0);
+    ple_worker_stop(&w);
+    ple_table_close(&t);
+}
+
 int main(void) {
     make_file();
     test_modes_read_the_same_rows();
@@ -259,6 +302,7 @@ int main(void) {
     test_json();
     test_worker_two_threads();
     test_stalled_step_times_out();
+    test_params_are_the_settings();
     unlink(g_path);
     if (g_failed) {
         fprintf(stderr, "test_ple: %d checks failed\n", g_failed);

@@ -1,6 +1,6 @@
 /*
  * app.c — what a C application needs around a model besides eval: the model's tokenizer (built
- * from its tokenizer.ggml.* arrays) and a sampler.
+ * from its tokenizer.ggml.* arrays), a sampler, and the strata_model_* calls over the offload engine.
  *
  * The sampler applies llama.cpp's default order, as pyrunner/sampling.py does: top-k → top-p →
  * min-p (all on the distribution before temperature) → temperature → one uniform draw, inverting
@@ -235,4 +235,46 @@ strata_status strata_sampler_sample(strata_sampler *s, const float *logits, int6
     }
     *token = s->c[pick].i;
     return STRATA_OK;
+}
+
+/* ---------------------------------------------------------------- the offload engine's public face */
+/* The strata_model_* calls over the engine (moe/offload.h): argument checks here, the engine's
+ * state behind its own lock there. Without an engine (plain CPU path) every counter is 0. */
+
+static char g_no_offload_log[] = "device cpu: every expert on the CPU pool";
+
+strata_status strata_model_resident_experts(strata_model *m, int32_t *per_layer, int32_t n) {
+    if (!m || (!per_layer && n > 0) || n < 0)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_resident_experts: null model or buffer");
+    if (!m->off) {
+        memset(per_layer, 0, (size_t)n * sizeof *per_layer);
+        return STRATA_OK;
+    }
+    off_resident(m->off, per_layer, n);
+    return STRATA_OK;
+}
+
+strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out) {
+    if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_offload_stats: null argument");
+    memset(out, 0, sizeof *out);
+    out->device = m->params.device;
+    if (m->off) off_get_stats(m->off, out);
+    return STRATA_OK;
+}
+
+strata_status strata_model_set_pcie_frac(strata_model *m, float pcie_frac) {
+    if (!m || !(pcie_frac >= 0.0f && pcie_frac <= 1.0f))
+        return strata_fail(STRATA_ERR_INVALID_ARG, "pcie_frac must be in [0, 1] (got %g)", (double)pcie_frac);
+    if (m->off) off_set_pcie_frac(m->off, pcie_frac);
+    return STRATA_OK;
+}
+
+const char *strata_model_offload_log(const strata_model *m) {
+    if (!m || !m->off) return g_no_offload_log;
+    return off_log(m->off);
+}
+
+strata_status strata_model_device_events(strata_model *m, const char *path) {
+    if (!m) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_device_events: null model");
+    return off_device_events(m->off, path);
 }

@@ -151,6 +151,13 @@ typedef struct {
     char name[160];
 } loader;
 
+/* The routed experts' tensors: the one place their names are spelled (the offload engine gets
+ * descriptors, mdl_offload_open below). */
+static const char EXP_GATE_UP[] = "blk.%d.ffn_gate_up_exps.weight";
+static const char EXP_GATE[] = "blk.%d.ffn_gate_exps.weight";
+static const char EXP_UP[] = "blk.%d.ffn_up_exps.weight";
+static const char EXP_DOWN[] = "blk.%d.ffn_down_exps.weight";
+
 static const char *nm(loader *ld, const char *fmt, int il) {
     if (il >= 0) snprintf(ld->name, sizeof ld->name, fmt, il);
     else snprintf(ld->name, sizeof ld->name, "%s", fmt);
@@ -222,7 +229,7 @@ static strata_status mat(loader *ld, const char *fmt, int il, int64_t cols, int6
 static void mat_free(mdl_mat *w) { free((void *)w->scale); }
 
 void mdl_model_release(strata_model *m) {
-    for (int il = 0; il < MDL_MAX_LAYERS; il++) {
+    for (int il = 0; m->layers && il < m->hp.n_layer + m->hp.n_mtp; il++) {
         mdl_layer *l = &m->layers[il];
         for (int k = 0; k < 2; k++) {
             free(l->hc_norm[k]);
@@ -245,6 +252,8 @@ void mdl_model_release(strata_model *m) {
     mat_free(&m->out_hc_down);
     mat_free(&m->out_hc_up);
     mdl_ple_close(m);
+    free(m->layers);
+    m->layers = NULL;
 }
 
 /* ---------------------------------------------------------------- hyperparameters */
@@ -253,7 +262,18 @@ void mdl_model_release(strata_model *m) {
 #define POSITIVE(v, key) do { if ((v) <= 0) return strata_fail(STRATA_ERR_FORMAT, \
     "qwen4exp model: %s." key " must be positive (got %lld)", ARCH, (long long)(v)); } while (0)
 
-static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS], int32_t ratio[MDL_MAX_LAYERS]) {
+/* Values of an integer array key (1 for a scalar, 0 when absent): what kv_int_array needs room for. */
+static int64_t kv_array_len(const strata_gguf *g, const char *name) {
+    char key[160];
+    snprintf(key, sizeof key, ARCH ".%s", name);
+    strata_gguf_value v;
+    if (find(g, key, &v) != STRATA_OK) return 0;
+    return v.type == STRATA_GGUF_ARRAY ? (int64_t)v.count : 1;
+}
+
+/* Fills m->hp and allocates m->layers ([n_layer + n_mtp], each layer's is_qsa and ratio set);
+ * arr has room for cap values of any per-layer array key. */
+static strata_status read_hparams_in(strata_model *m, int64_t *arr, int64_t cap) {
     const strata_gguf *g = m->gguf;
     mdl_hparams *h = &m->hp;
     strata_gguf_value v;
@@ -272,10 +292,12 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
         return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: nextn_predict_layers %lld; Strata runs one MTP block "
                            "(the released checkpoint has one): convert with one MTP layer or with --no-mtp", (long long)nextn);
     x -= nextn;
-    /* the MTP block, when present, is layers[n_layer]: it needs one more slot */
-    if (x + nextn > MDL_MAX_LAYERS) return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: %lld layers (at most %d)", (long long)(x + nextn), MDL_MAX_LAYERS);
+    if (x + nextn > INT32_MAX / 2) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: block_count %lld", (long long)(x + nextn));
     h->n_layer = (int32_t)x;
     h->n_mtp = (int32_t)nextn;
+    /* the MTP block, when present, is layers[n_layer]: one more block */
+    m->layers = calloc((size_t)(h->n_layer + h->n_mtp), sizeof *m->layers);
+    if (!m->layers) return strata_fail(STRATA_ERR_NOMEM, "qwen4exp model: no memory for %d layers", h->n_layer + h->n_mtp);
     x = 4096; TRY(kv_int(g, "context_length", 0, &x)); h->n_ctx_train = x;
     x = 0; TRY(kv_int(g, "attention.head_count", 1, &x)); POSITIVE(x, "attention.head_count"); h->n_head = (int32_t)x;
     x = 0; TRY(kv_int(g, "attention.head_count_kv", 1, &x)); POSITIVE(x, "attention.head_count_kv"); h->n_head_kv = (int32_t)x;
@@ -313,26 +335,26 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
     x = 0; TRY(kv_int(g, "attention.indexer.top_k", 1, &x)); POSITIVE(x, "attention.indexer.top_k"); h->idx_budget = (int32_t)x;
 
     /* layer kinds: recurrent_layers (true = GDN), else the interval rule */
-    int64_t arr[MDL_MAX_LAYERS], n;
-    TRY(kv_int_array(g, "attention.recurrent_layers", arr, MDL_MAX_LAYERS, &n));
+    int64_t n;
+    TRY(kv_int_array(g, "attention.recurrent_layers", arr, cap, &n));
     int64_t interval = 4;
     TRY(kv_int(g, "full_attention_interval", 0, &interval));
     if (interval <= 0) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: full_attention_interval must be positive");
     for (int il = 0; il < h->n_layer; il++) {
         if (n >= 0) {
             if (n < h->n_layer) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: attention.recurrent_layers has %lld entries for %d layers", (long long)n, h->n_layer);
-            is_qsa[il] = arr[il] == 0;
+            m->layers[il].is_qsa = arr[il] == 0;
         } else {
-            is_qsa[il] = (il + 1) % interval == 0;
+            m->layers[il].is_qsa = (il + 1) % interval == 0;
         }
     }
-    TRY(kv_int_array(g, "attention.compress_ratios", arr, MDL_MAX_LAYERS, &n));
+    TRY(kv_int_array(g, "attention.compress_ratios", arr, cap, &n));
     for (int il = 0; il < h->n_layer; il++) {
         int64_t r = n < 0 ? 0 : n == 1 ? arr[0] : il < n ? arr[il] : 0;
         if (r < 0 || r > 1 << 20) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: compress ratio %lld of layer %d", (long long)r, il);
         if (r > 0 && h->idx_budget % r)
             return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: indexer top_k %d is not a multiple of compress ratio %lld (layer %d)", h->idx_budget, (long long)r, il);
-        ratio[il] = (int32_t)r;
+        m->layers[il].ratio = (int32_t)r;   /* (load_layer keeps it for QSA layers only) */
     }
     if (h->n_mtp) {
         /* the MTP block is always QSA (spec/qwen4exp-mtp.md §2.2); its ratio is the array's entry
@@ -340,8 +362,8 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
         const int il = h->n_layer;
         int64_t r = n < 0 ? 0 : n == 1 ? arr[0] : il < n ? arr[il] : 0;
         if (r < 0 || r > 1 << 20) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: compress ratio %lld of the MTP block %d", (long long)r, il);
-        is_qsa[il] = 1;
-        ratio[il] = (int32_t)r;
+        m->layers[il].is_qsa = 1;
+        m->layers[il].ratio = (int32_t)r;
     }
 
     /* GDN output-gate activation: our key; absent = sigmoid (the real checkpoint's value) */
@@ -356,10 +378,10 @@ static strata_status read_hparams(strata_model *m, int32_t is_qsa[MDL_MAX_LAYERS
 
     /* PLE */
     h->ple_layer = -1;
-    TRY(kv_int_array(g, "ple.layers", arr, MDL_MAX_LAYERS, &n));
+    TRY(kv_int_array(g, "ple.layers", arr, cap, &n));
     if (n > 1) return strata_fail(STRATA_ERR_UNSUPPORTED, "qwen4exp model: %lld PLE layers; one is supported (as llama.cpp)", (long long)n);
     if (n == 1) {
-        if (arr[0] < 0 || arr[0] >= h->n_layer || is_qsa[arr[0]])
+        if (arr[0] < 0 || arr[0] >= h->n_layer || m->layers[arr[0]].is_qsa)
             return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: PLE layer %lld must be a GDN layer", (long long)arr[0]);
         h->ple_layer = (int32_t)arr[0];
         x = 0; TRY(kv_int(g, "ple.ngram_size", 1, &x));
@@ -416,10 +438,12 @@ static strata_status load_hc(loader *ld, const char *which, int il, float **norm
     return STRATA_OK;
 }
 
-static strata_status load_layer(loader *ld, int il, int is_qsa, int ratio) {
+static strata_status load_layer(loader *ld, int il) {
     strata_model *m = ld->m;
     const mdl_hparams *h = &m->hp;
     mdl_layer *l = &m->layers[il];
+    const int is_qsa = l->is_qsa, ratio = l->ratio;   /* read_hparams' */
+    l->ratio = 0;
     const int64_t E = h->n_embd;
     TRY(load_hc(ld, "attn", il, &l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0]));
     TRY(load_hc(ld, "ffn", il, &l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1]));
@@ -454,14 +478,14 @@ static strata_status load_layer(loader *ld, int il, int is_qsa, int ratio) {
     const int64_t Ne = h->n_expert, Fe = h->ff_exp, Fs = h->ff_shexp;
     TRY(mat(ld, "blk.%d.ffn_gate_inp.weight", il, E, Ne, 1, &l->router));
     strata_gguf_tensor t;
-    if (tensor(m, nm(ld, "blk.%d.ffn_gate_up_exps.weight", il), &t)) {
-        TRY(mat(ld, "blk.%d.ffn_gate_up_exps.weight", il, E, 2 * Fe, Ne, &l->exp_gate));
+    if (tensor(m, nm(ld, EXP_GATE_UP, il), &t)) {
+        TRY(mat(ld, EXP_GATE_UP, il, E, 2 * Fe, Ne, &l->exp_gate));
         l->exp_fused = 1;
     } else {
-        TRY(mat(ld, "blk.%d.ffn_gate_exps.weight", il, E, Fe, Ne, &l->exp_gate));
-        TRY(mat(ld, "blk.%d.ffn_up_exps.weight", il, E, Fe, Ne, &l->exp_up));
+        TRY(mat(ld, EXP_GATE, il, E, Fe, Ne, &l->exp_gate));
+        TRY(mat(ld, EXP_UP, il, E, Fe, Ne, &l->exp_up));
     }
-    TRY(mat(ld, "blk.%d.ffn_down_exps.weight", il, Fe, E, Ne, &l->exp_down));
+    TRY(mat(ld, EXP_DOWN, il, Fe, E, Ne, &l->exp_down));
     TRY(mat(ld, "blk.%d.ffn_gate_shexp.weight", il, E, Fs, 1, &l->sh_gate));
     TRY(mat(ld, "blk.%d.ffn_up_shexp.weight", il, E, Fs, 1, &l->sh_up));
     TRY(mat(ld, "blk.%d.ffn_down_shexp.weight", il, Fs, E, 1, &l->sh_down));
@@ -483,12 +507,12 @@ static strata_status load_layer(loader *ld, int il, int is_qsa, int ratio) {
 /* The MTP block blk.{n_layer} (spec/qwen4exp-mtp.md §4): a trunk-named QSA + MoE block plus the
  * nextn.* fusion and head tensors. Its embedding and LM head are the trunk's; a file's optional
  * nextn.embed_tokens / nextn.shared_head_head (copies of them) are not read. */
-static strata_status load_mtp(loader *ld, int32_t ratio[MDL_MAX_LAYERS]) {
+static strata_status load_mtp(loader *ld) {
     strata_model *m = ld->m;
     const mdl_hparams *h = &m->hp;
     const int il = h->n_layer;
     const int64_t E = h->n_embd, W = (int64_t)h->hc * E;
-    int32_t r = ratio[il];
+    int32_t r = m->layers[il].ratio;   /* read_hparams' */
     strata_gguf_tensor t;
     if (r == 0 && tensor(m, nm(ld, "blk.%d.indexer.k_proj.weight", il), &t)) {
         /* upstream converters write 0 for the MTP block as a simplification (dense attention);
@@ -502,7 +526,9 @@ static strata_status load_mtp(loader *ld, int32_t ratio[MDL_MAX_LAYERS]) {
     if (r > 0 && h->idx_budget % r)
         return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: indexer top_k %d is not a multiple of compress ratio %d (MTP block %d)",
                            h->idx_budget, r, il);
-    TRY(load_layer(ld, il, 1, r));
+    m->layers[il].is_qsa = 1;
+    m->layers[il].ratio = r;
+    TRY(load_layer(ld, il));
     TRY(vec(ld, "blk.%d.nextn.enorm.weight", il, E, &m->mtp_enorm));
     TRY(vec(ld, "blk.%d.nextn.hnorm.weight", il, W, &m->mtp_hnorm));
     TRY(mat(ld, "blk.%d.nextn.eh_proj.weight", il, 2 * E, E, 1, &m->mtp_eh_proj));
@@ -513,9 +539,23 @@ static strata_status load_mtp(loader *ld, int32_t ratio[MDL_MAX_LAYERS]) {
     return STRATA_OK;
 }
 
+static strata_status read_hparams(strata_model *m) {
+    /* room for the longest per-layer array key (they are sized by the file, not by a limit) */
+    static const char *const keys[] = {"attention.recurrent_layers", "attention.compress_ratios", "ple.layers"};
+    int64_t cap = 1;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const int64_t n = kv_array_len(m->gguf, keys[k]);
+        if (n > cap) cap = n;
+    }
+    int64_t *arr = malloc((size_t)cap * sizeof *arr);
+    if (!arr) return strata_fail(STRATA_ERR_NOMEM, "qwen4exp model: no memory");
+    const strata_status rc = read_hparams_in(m, arr, cap);
+    free(arr);
+    return rc;
+}
+
 static strata_status load_all(strata_model *m) {
-    int32_t is_qsa[MDL_MAX_LAYERS] = {0}, ratio[MDL_MAX_LAYERS] = {0};
-    TRY(read_hparams(m, is_qsa, ratio));
+    TRY(read_hparams(m));
     mdl_hparams *h = &m->hp;
     loader ld = {.m = m};
     strata_gguf_tensor t;
@@ -535,10 +575,74 @@ static strata_status load_all(strata_model *m) {
     if (tensor(m, "output.weight", &t)) TRY(mat(&ld, "output.weight", -1, h->n_embd, h->n_vocab, 1, &m->output));
     else TRY(mat(&ld, "token_embd.weight", -1, h->n_embd, h->n_vocab, 1, &m->output));  /* tied */
     TRY(load_hc(&ld, "", -1, &m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL));
-    if (h->ple_layer >= 0) TRY(mdl_ple_bind(m));   /* ple.c: table, access mode, worker */
-    for (int il = 0; il < h->n_layer; il++) TRY(load_layer(&ld, il, is_qsa[il], ratio[il]));
-    if (h->n_mtp) TRY(load_mtp(&ld, ratio));
+    if (h->ple_layer >= 0) TRY(mdl_ple_bind(m));   /* ple_layer.c: table, access mode, worker */
+    for (int il = 0; il < h->n_layer; il++) TRY(load_layer(&ld, il));
+    if (h->n_mtp) TRY(load_mtp(&ld));
     return STRATA_OK;
 }
 
 strata_status mdl_model_load(strata_model *m) { return load_all(m); }
+
+/* ---------------------------------------------------------------- the offload engine's view of the experts */
+
+/* (offset, size, type) of an expert tensor: the expert pack's identity of the file. */
+static strata_status expert_ident(const strata_model *m, const char *fmt, int il, off_tensor_id *id) {
+    char name[96];
+    snprintf(name, sizeof name, fmt, il);
+    strata_gguf_tensor t;
+    if (!tensor(m, name, &t)) return strata_fail(STRATA_ERR_INTERNAL, "expert tensor %s vanished", name);
+    *id = (off_tensor_id){.offset = t.offset, .size = t.size, .type = (int32_t)t.type};
+    return STRATA_OK;
+}
+
+strata_status mdl_offload_open(strata_model *m) {
+    const strata_model_params *p = &m->params;
+    const mdl_hparams *hp = &m->hp;
+    m->off = NULL;
+    if (p->device == STRATA_DEVICE_CPU && p->tail_skip <= 0) return STRATA_OK;   /* plain CPU: no engine */
+    /* the trunk's layers only: the MTP block (layers[n_layer]) always takes the CPU pool */
+    off_layer_desc *d = calloc((size_t)hp->n_layer, sizeof *d);
+    if (!d) return strata_fail(STRATA_ERR_NOMEM, "offload: no memory");
+    strata_status rc = STRATA_OK;
+    for (int il = 0; il < hp->n_layer && !rc; il++) {
+        const mdl_layer *l = &m->layers[il];
+        off_layer_desc *x = &d[il];
+        x->shape = (mdev_expert_shape){.tg = l->exp_gate.t, .tu = l->exp_fused ? NULL : l->exp_up.t, .td = l->exp_down.t,
+                                       .E = hp->n_embd, .Fe = hp->ff_exp, .fused = l->exp_fused,
+                                       .gate_bytes = l->exp_gate.mat_bytes,
+                                       .up_bytes = l->exp_fused ? 0 : l->exp_up.mat_bytes,
+                                       .down_bytes = l->exp_down.mat_bytes};
+        x->gate = l->exp_gate.data;
+        x->gate_stride = l->exp_gate.mat_bytes;
+        x->up = l->exp_fused ? NULL : l->exp_up.data;
+        x->up_stride = l->exp_fused ? 0 : l->exp_up.mat_bytes;
+        x->down = l->exp_down.data;
+        x->down_stride = l->exp_down.mat_bytes;
+        x->gate_scale = l->exp_gate.scale;
+        x->n_gate_scale = l->exp_gate.n_scale;
+        x->up_scale = l->exp_fused ? NULL : l->exp_up.scale;
+        x->n_up_scale = l->exp_fused ? 0 : l->exp_up.n_scale;
+        if (l->exp_fused) rc = expert_ident(m, EXP_GATE_UP, il, &x->ident[x->n_ident++]);
+        else {
+            rc = expert_ident(m, EXP_GATE, il, &x->ident[x->n_ident++]);
+            if (!rc) rc = expert_ident(m, EXP_UP, il, &x->ident[x->n_ident++]);
+        }
+        if (!rc) rc = expert_ident(m, EXP_DOWN, il, &x->ident[x->n_ident++]);
+    }
+    if (!rc) {
+        const off_params op = {.device = p->device, .n_layer = hp->n_layer, .n_expert = hp->n_expert,
+                               .n_expert_used = hp->n_expert_used, .cache_bytes = p->cache_bytes,
+                               .pcie_frac = p->pcie_frac, .sim_link_gbps = p->sim_link_gbps,
+                               .tail_skip = p->tail_skip, .n_staging = p->n_staging,
+                               .adjust_interval = p->adjust_interval, .stream_min = p->prefill_stream_min,
+                               .max_swaps = p->max_swaps, .isa = m->isa, .expert_pack = p->expert_pack};
+        rc = off_create(&op, d, &m->off);
+    }
+    free(d);
+    return rc;
+}
+
+void mdl_offload_close(strata_model *m) {
+    off_free(m->off);
+    m->off = NULL;
+}

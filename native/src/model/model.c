@@ -16,7 +16,9 @@
 #include <string.h>
 
 #include "context.h"
+#include "moe/expert_cache.h"
 #include "moe/offload.h"
+#include "ple/ple.h"
 #include "util/error.h"
 #include "util/trace.h"
 
@@ -37,7 +39,15 @@ strata_model_params strata_model_default_params(void) {
     p.n_staging = 4;
     p.adjust_interval = 32;
     p.prefill_stream_min = 1024;
+    p.max_swaps = ec_default_params().max_swaps;   /* 96, DESIGN §4: the cache owns it */
     p.expert_pack = NULL;
+    /* the PLE defaults have one owner, the table layer (ple/ple.h) */
+    const ple_params pp = ple_default_params();
+    p.ple_madv_random = pp.madv_random;
+    p.ple_prefetch = pp.prefetch;
+    p.ple_step_timeout_s = pp.step_timeout_s;
+    p.ple_test_stall_ms = pp.test_stall_ms;
+    p.ple_test_stall_at = pp.test_stall_at;
     return p;
 }
 
@@ -69,7 +79,7 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     m->params.n_threads = strata_context_n_threads(m->ctx);
     m->isa = strata_isa_best() == STRATA_ISA_AVX2 ? STRATA_ISA_IDX_AVX2 : STRATA_ISA_IDX_SCALAR;
     pthread_mutex_init(&m->trace_mu, NULL);
-    if ((rc = off_create(m))) goto fail;
+    if ((rc = mdl_offload_open(m))) goto fail;
     *out = m;
     return STRATA_OK;
 fail:
@@ -87,7 +97,7 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 
 void strata_model_free(strata_model *m) {
     if (!m) return;
-    off_free(m);
+    mdl_offload_close(m);
     if (m->trace) fclose(m->trace);
     mdl_model_release(m);
     strata_context_free(m->ctx);
@@ -195,14 +205,14 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
         wd->part = "MoE";
         if (tr) t_p = trc_now();
         uint64_t h0 = 0, n0 = 0;
-        if (tr) off_counts(m, &h0, &n0);
+        if (tr) off_counts(m->off, &h0, &n0);
         if ((rc = mdl_hc_read(s, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, s->u, s->c))) return rc;
         if ((rc = mdl_moe(s, il, s->u, L, s->y))) return rc;
         mdl_hc_write(m, s->X, s->c, s->y, L);
         if (tr) {
             const uint64_t t = trc_now();
             uint64_t h1 = 0, n1 = 0;
-            off_counts(m, &h1, &n1);
+            off_counts(m->off, &h1, &n1);
             const int32_t ne = trc_take_experts();
             trc_emit(TRC_MOE, t_p, t, il, ne >= 0 ? ne : (int32_t)(n1 - n0), L, (int64_t)(h1 - h0));
             trc_emit(TRC_LAYER, t_l, t, il, 0, L, 0);

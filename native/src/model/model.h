@@ -28,8 +28,8 @@
 #include "strata.h"
 #include "quant/quant.h"
 #include "util/threadpool.h"
+#include "moe/offload.h"
 
-#define MDL_MAX_LAYERS 256
 #define MDL_MAX_NGRAM 8
 #define MDL_MAX_PLE_HEADS 64
 
@@ -133,8 +133,8 @@ struct strata_model {
     const strata_qtraits *ple_table_t;
     size_t ple_table_row;
     int64_t ple_table_rows;
-    struct mdl_ple_engine *ple;  /* table access + gather worker (ple.c); NULL without PLE */
-    mdl_layer layers[MDL_MAX_LAYERS];
+    struct mdl_ple_engine *ple;  /* table access + gather worker (ple/ple_table.c); NULL without PLE */
+    mdl_layer *layers;         /* [hp.n_layer + hp.n_mtp] (load.c; the MTP block is layers[n_layer]) */
     /* MTP head (hp.n_mtp == 1; mtp.c, spec/qwen4exp-mtp.md §2.2): fusion, then the decoder block
      * layers[n_layer], then its own mixer; embedding and LM head are the trunk's */
     float *mtp_enorm;          /* [E] folded (1+w) */
@@ -144,7 +144,7 @@ struct strata_model {
     mdl_mat mtp_head_down;     /* r_hc x hc*E */
     mdl_mat mtp_head_up;       /* hc*E x r_hc */
     uint64_t weight_bytes;
-    struct mdl_offload *off;   /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
+    off_engine *off;           /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
     uint64_t trace_window;
@@ -168,7 +168,8 @@ struct strata_session {
     strata_model *m;
     int64_t n_past;
     int64_t n_ctx;
-    mdl_layer_state ls[MDL_MAX_LAYERS];
+    mdl_layer_state *ls;       /* [n_ls] = [hp.n_layer + hp.n_mtp] (state.c) */
+    int32_t n_ls;              /* kept here: release must not read the model (it may be gone first) */
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
     strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
@@ -241,7 +242,7 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
 /* Optional: hands the step's n-gram gather to the PLE worker early (call it before layer 0 so
  * the gather overlaps it); mdl_ple submits itself when this was not called. */
 strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L);
-/* ple.c, called by load.c: binds the table (GGUF tensor or strata.ple_external packed file),
+/* ple_layer.c, called by load.c: binds the table (GGUF tensor or strata.ple_external packed file),
  * opens the access layer and starts the worker; closes them. */
 strata_status mdl_ple_bind(strata_model *m);
 void mdl_ple_close(strata_model *m);
@@ -252,6 +253,10 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
 /* load.c: hyperparameters and weights (m->gguf, m->params set); release frees owned copies. */
 strata_status mdl_model_load(strata_model *m);
 void mdl_model_release(strata_model *m);
+/* load.c: the offload engine over descriptors of the trunk's routed experts (m->off; stays NULL on
+ * the plain CPU path: device cpu without tail skip); close frees it (before the weights go). */
+strata_status mdl_offload_open(strata_model *m);
+void mdl_offload_close(strata_model *m);
 
 /* spec.c: the state after token t of a KEEP_STATES window goes to slot t */
 static inline int mdl_spec_active(const strata_session *s) { return s->spec_on; }

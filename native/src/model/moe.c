@@ -78,17 +78,17 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     float *logits = malloc((size_t)(L * Ne) * sizeof(float));
     int32_t *pick = malloc((size_t)(L * K) * sizeof(int32_t));
     float *pw = malloc((size_t)(L * K) * sizeof(float));
-    int64_t *count = calloc((size_t)Ne + 1, sizeof(int64_t));
+    /* count: Ne + 1 prefix sums, then Ne bytes of skip marks (the plan's result this call keeps) */
+    int64_t *count = calloc((size_t)Ne + 1 + ((size_t)Ne + 7) / 8, sizeof(int64_t));
     int64_t *slot = malloc((size_t)(L * K) * sizeof(int64_t));   /* (token, k) pairs sorted by expert */
     float *xg = malloc((size_t)(L * K * E) * sizeof(float));
     float *gu = malloc((size_t)(L * K * 2 * Fe + 2 * L * Fs) * sizeof(float));
     float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
     float *out = malloc((size_t)(L * K * E + L * E) * sizeof(float));
     strata_mm_item *mm = NULL;
-    int8_t *kind = NULL;            /* offload: OFF_* per expert; NULL: every group on the CPU pool */
-    int32_t *dslot = NULL;
-    uint64_t dev_seq = 0, cpu_groups = 0, cpu_bytes = 0;
-    int locked = 0;
+    off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
+    const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
+    uint64_t cpu_groups = 0, cpu_bytes = 0;
     strata_status rc = STRATA_OK;
     if (!logits || !pick || !pw || !count || !slot || !xg || !gu || !hb || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
@@ -142,21 +142,9 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
      * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
     const int trunk = il < hp->n_layer;
     if (m->off && trunk) {
-        kind = malloc((size_t)Ne);
-        dslot = malloc((size_t)Ne * sizeof(int32_t));
-        int32_t *min_rank = malloc((size_t)Ne * sizeof(int32_t));
-        if (!kind || !dslot || !min_rank) {
-            free(min_rank);
-            rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il);
-            goto done;
-        }
-        for (int64_t e = 0; e < Ne; e++) min_rank[e] = INT32_MAX;
-        for (int64_t i = 0; i < L * K; i++)
-            if ((int32_t)(i % K) < min_rank[pick[i]]) min_rank[pick[i]] = (int32_t)(i % K);
-        off_begin(m, il, L, Ne, count, min_rank, kind, dslot);
-        locked = 1;
-        free(min_rank);
-        if ((rc = off_submit(m, il, Ne, count, kind, dslot, xg, out, &dev_seq))) goto done;
+        plan = off_begin(m->off, il, L, count, pick);
+        kind = plan->kind;
+        if ((rc = off_submit(plan, xg, out))) goto done;
     }
     if (m->trace && trunk) trace_routing(m, il, L, K, pick, pw, Ne, kind);   /* the trace is the trunk's routing */
     const double t_cpu = now_s();
@@ -201,15 +189,21 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     }
     mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
     if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done;
-    if (locked) {
-        locked = 0;
-        if ((rc = off_finish(m, il, dev_seq, now_s() - t_cpu, cpu_groups, cpu_bytes))) goto done;
+    /* the skipped groups, in this call's memory: plan->kind is the engine's and is reused by the
+     * next plan (another session's) once off_finish unlocks */
+    int8_t *skipped = (int8_t *)(count + Ne + 1);
+    for (int64_t e = 0; e < Ne; e++) skipped[e] = kind && kind[e] == OFF_SKIP;
+    kind = NULL;
+    if (plan) {
+        off_plan *p = plan;
+        plan = NULL;                /* finished (and unlocked) whatever off_finish returns */
+        if ((rc = off_finish(p, now_s() - t_cpu, cpu_groups, cpu_bytes))) goto done;
     }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
     memset(y, 0, (size_t)(L * E) * sizeof(float));
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (!n || (kind && kind[e] == OFF_SKIP)) continue;   /* a skipped expert adds nothing */
+        if (!n || skipped[e]) continue;   /* a skipped expert adds nothing */
         const float sd = mdl_mat_scale(&l->exp_down, e);
         for (int64_t i = 0; i < n; i++) {
             const int64_t sl = slot[r0 + i];
@@ -232,12 +226,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         }
     }
 done:
-    if (locked) {
+    if (plan) {
         /* an error between off_begin and off_finish: drain the device before the buffers go */
-        (void)off_finish(m, il, dev_seq, 0.0, 0, 0);
+        (void)off_finish(plan, 0.0, 0, 0);
     }
-    free(kind);
-    free(dslot);
     free(logits); free(pick); free(pw); free(count); free(slot); free(xg); free(gu); free(hb); free(out); free(mm);
     return rc;
 }

@@ -48,7 +48,7 @@ static void trim_blocks(strata_session *s, int64_t n_past) {
 }
 
 static void free_slots(strata_session *s) {
-    for (int il = 0; il < MDL_MAX_LAYERS; il++) {
+    for (int il = 0; s->ls && il < s->n_ls; il++) {
         free(s->ls[il].S_slots);
         free(s->ls[il].conv_slots);
         s->ls[il].S_slots = s->ls[il].conv_slots = NULL;

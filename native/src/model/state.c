@@ -43,7 +43,9 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     s->n_ctx = n_ctx;
     s->spec_start = -1;
     s->tokens = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!s->tokens) goto nomem;
+    s->ls = calloc((size_t)(h->n_layer + h->n_mtp), sizeof *s->ls);
+    if (!s->tokens || !s->ls) goto nomem;
+    s->n_ls = h->n_layer + h->n_mtp;
     for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         const mdl_layer *l = &m->layers[il];
         mdl_layer_state *st = &s->ls[il];
@@ -88,11 +90,14 @@ void mdl_session_release(strata_session *s) {
     mdl_spec_release(s);
     free(s->tokens);
     s->tokens = NULL;
-    for (int il = 0; il < MDL_MAX_LAYERS; il++) {
+    for (int il = 0; s->ls && il < s->n_ls; il++) {
         mdl_layer_state *st = &s->ls[il];
         free(st->conv); free(st->S); free(st->k); free(st->v); free(st->kv_scale); free(st->idx_k); free(st->blk);
         memset(st, 0, sizeof *st);
     }
+    free(s->ls);
+    s->ls = NULL;
+    s->n_ls = 0;
     free(s->ple_conv); free(s->X); free(s->u); free(s->y); free(s->c);
     s->ple_conv = s->X = s->u = s->y = s->c = NULL;
 }

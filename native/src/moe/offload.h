@@ -1,10 +1,21 @@
 /*
- * offload.h — the MoE offload engine of seed 000 (DESIGN §4): per model, an expert device
- * (sim or cuda), an ExpertCache of device slots plus a few staging slots, the split of missing
- * experts between the link (pcie_frac) and the CPU ExpertPool, tail skip, and counters.
+ * offload.h — the MoE offload engine of seed 000 (DESIGN §4): an expert device (sim or cuda), an
+ * ExpertCache of device slots plus a few staging slots, the split of missing experts between the
+ * link (pcie_frac) and the CPU ExpertPool, tail skip, and counters.
  *
- * Threading: every call comes from a thread running an eval on one of the model's sessions;
- * `mu` serialises them (one MoE layer of one session at a time uses the device and the cache).
+ * Dependencies point one way: the engine sees the device (device/device.h), the cache
+ * (moe/expert_cache.h) and util; never the model. The model (model/load.c) describes each layer's
+ * routed experts with an off_layer_desc — shapes, types, where expert e's bytes are, its scales, the
+ * file identity of its tensors — and hands them to off_create; model/moe.c drives one layer step
+ * with a plan: off_begin → off_submit → (CPU pool work) → off_finish.
+ *
+ * Threading and the lock: every call comes from a thread running an eval on one of the model's
+ * sessions. off_begin takes the engine's mutex and returns the plan, which holds the lock until
+ * off_finish (always called once per off_begin, on error paths too) releases it: one MoE layer of
+ * one session at a time uses the device and the cache. The plan's arrays (kind, slot, min_rank, the
+ * staging ring, the pinned and borrowed slots) are allocated once at off_create, sized from the
+ * model (n_expert) and the settings (slots), and reused by every plan: no allocation per step.
+ * The stats / log / resident / set_pcie_frac / events calls take the same mutex.
  * Loads: a copy into a cache slot (admit, or a swap of an adjustment round) is remembered as
  * (slot, seq); the slot is published (ec_loaded) only once the device reports done ≥ seq.
  * Slot reuse: every copy into a slot (staging, borrowed, admitted or swapped) names the last
@@ -15,67 +26,94 @@
 #ifndef STRATA_MOE_OFFLOAD_H
 #define STRATA_MOE_OFFLOAD_H
 
-#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "moe/device.h"
-#include "moe/expert_cache.h"
+#include "strata.h"
+#include "device/device.h"
 
+/* Where an expert tensor sits in the model file: (offset, size, ggml type). The expert pack records
+ * a hash of every one of them (pyrunner/expert_pack.py), so a pack built for another file is refused. */
 typedef struct {
-    int32_t slot;
-    uint64_t seq;
-} off_load;
+    uint64_t offset, size;
+    int32_t type;
+} off_tensor_id;
 
-typedef struct mdl_offload {
-    pthread_mutex_t mu;
-    mdev *dev;
-    expert_cache *ec;
-    int32_t n_cache_slots, n_staging, next_staging;
-    mdev_expert_shape *shape;      /* per layer */
-    size_t slot_bytes;
-    float pcie_frac;
-    int32_t tail_skip;             /* K > 0: skip rule on; 0: off */
-    const char *tail_skip_why;
-    int32_t adjust_interval;       /* windows between adjustment rounds */
-    uint64_t windows;              /* MoE calls of layer 0 (verify windows / prefill chunks) */
-    off_load *pending;
-    int32_t n_pending, cap_pending;
-    double probe_gbps;
-    int32_t stream_min;            /* prefill chunks of at least this many tokens stream every missing group */
-    uint64_t *slot_use;            /* per device slot: the last computation that reads it */
-    int32_t *borrowed, n_borrowed; /* cache slots lent to this chunk's staging ring */
-    int32_t *pinned, n_pinned;     /* resident slots read by this layer */
-    uint64_t borrow_total, stream_chunks;
-    const char *pack;              /* expert pack mapping (NULL: copy the three pieces from the GGUF) */
-    uint64_t pack_size;
-    uint64_t *pack_layer_off;      /* per layer: offset of blob (layer, 0) in the pack */
-    char log[640];
-    /* counters */
-    uint64_t hits, lookups, swaps, admits, pcie_groups, pcie_bytes, cpu_groups, cpu_bytes, skipped;
-    double cpu_s;
-} mdl_offload;
+/* One layer's routed experts, as the model holds them. Expert e's gate (or fused gate_up) matrix
+ * is gate + e * gate_stride, likewise up (NULL when fused) and down. Scales: NULL = 1, n == 1 =
+ * one for every expert, else one per expert (NVFP4 `.scale`). Pointers stay valid until off_free. */
+typedef struct off_layer_desc {
+    mdev_expert_shape shape;            /* types, widths, bytes of one expert's matrices */
+    const char *gate, *up, *down;
+    size_t gate_stride, up_stride, down_stride;
+    const float *gate_scale, *up_scale;
+    int64_t n_gate_scale, n_up_scale;
+    off_tensor_id ident[3];             /* gate (or gate_up), [up,] down: n_ident of them */
+    int32_t n_ident;
+} off_layer_desc;
+
+/* The engine's settings (the model params' offload fields, resolved by the model). */
+typedef struct off_params {
+    int32_t device;            /* strata_device: SIM or CUDA give a device; CPU: tail skip only */
+    int32_t n_layer, n_expert, n_expert_used;
+    uint64_t cache_bytes;      /* device memory for resident experts */
+    float pcie_frac;           /* < 0: 0.55 x probe / 20, clamped to [0, 1] */
+    float sim_link_gbps;       /* <= 0: 16 */
+    int32_t tail_skip;         /* < 0: auto (DESIGN §4), 0: off, K > 0: rank K */
+    int32_t n_staging;         /* <= 0: 4 */
+    int32_t adjust_interval;   /* <= 0: 32 windows */
+    int32_t stream_min;        /* <= 0: 1024 tokens */
+    int32_t max_swaps;         /* swaps per adjustment round; <= 0: the cache's default (96) */
+    int32_t isa;               /* STRATA_ISA_IDX_*: kernels the sim device computes with */
+    const char *expert_pack;   /* NULL or "": copy the pieces from the descriptors' sources */
+} off_params;
+
+typedef struct off_engine off_engine;
 
 /* What runs a layer's expert group. */
 enum { OFF_NONE = 0, OFF_CPU = 1, OFF_DEVICE = 2, OFF_ADMIT = 3, OFF_STAGE = 4, OFF_SKIP = 5 };
 
-struct strata_model;
-/* Sets m->off when the model's params ask for an offload path (device sim/cuda, or tail skip). */
-strata_status off_create(struct strata_model *m);
-void off_free(struct strata_model *m);
-/* Locks the engine and classifies every active expert e (count: prefix sums of rows per expert,
- * min_rank[e]: the best rank any token gave e) into kind[e] / slot[e]. */
-void off_begin(struct strata_model *m, int il, int64_t L, int64_t Ne, const int64_t *count, const int32_t *min_rank,
-               int8_t *kind, int32_t *slot);
+/* One layer step, between off_begin and off_finish (it holds the engine's lock). The caller reads
+ * kind[e] for every expert e (OFF_CPU: the pool runs it; OFF_SKIP: it adds nothing; the others run
+ * on the device). Owned by the engine. */
+typedef struct off_plan {
+    off_engine *o;
+    int32_t il;
+    int64_t L, n_expert;
+    const int64_t *count;      /* prefix sums of rows per expert (the caller's, valid until finish) */
+    int8_t *kind;              /* [n_expert] OFF_* */
+    int32_t *slot;             /* [n_expert] device slot of the DEVICE / ADMIT / STAGE groups */
+    uint64_t seq;              /* the last device computation queued (0: none) */
+} off_plan;
+
+/* Descriptors of n_layer layers (copied). Fails with NO_DEVICE (cuda without a GPU), UNSUPPORTED,
+ * FORMAT (expert pack), INVALID_ARG or NOMEM; *out is then NULL. */
+strata_status off_create(const off_params *p, const off_layer_desc *layers, off_engine **out);
+void off_free(off_engine *o);
+/* Locks the engine and classifies every active expert of layer il: count[e]..count[e+1] are its
+ * rows, pick[t * K + k] the experts token t routed to in rank order (K = n_expert_used). */
+off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, const int32_t *pick);
 /* Queues copies and the device computation of the DEVICE / ADMIT / STAGE groups; rows of xg in,
- * rows of out filled by the device when done >= *seq (0: nothing queued). */
-strata_status off_submit(struct strata_model *m, int il, int64_t Ne, const int64_t *count, const int8_t *kind,
-                         const int32_t *slot, const float *xg, float *out, uint64_t *seq);
-/* Waits for *seq, adds the CPU pool's share to the counters, runs an adjustment round when due,
- * unlocks. */
-strata_status off_finish(struct strata_model *m, int il, uint64_t seq, double cpu_s, uint64_t cpu_groups,
-                         uint64_t cpu_bytes);
-uint64_t off_blob_bytes(const struct strata_model *m, int il);
-/* The cache's hit and lookup counters (0s without an engine), under the lock (for traces). */
-void off_counts(const struct strata_model *m, uint64_t *hits, uint64_t *lookups);
+ * rows of out filled by the device before off_finish returns. */
+strata_status off_submit(off_plan *p, const float *xg, float *out);
+/* Waits for the device, adds the CPU pool's share to the counters, runs an adjustment round when
+ * due, unlocks. The plan is gone afterwards. */
+strata_status off_finish(off_plan *p, double cpu_s, uint64_t cpu_groups, uint64_t cpu_bytes);
+
+/* The cache's per-pick hit and lookup counters (0s without a cache), under the lock (traces). */
+void off_counts(off_engine *o, uint64_t *hits, uint64_t *lookups);
+/* Every counter and setting since creation (strata_offload_stats, except `device`). */
+void off_get_stats(off_engine *o, strata_offload_stats *out);
+/* From now on (clamped: 0 without a device). */
+void off_set_pcie_frac(off_engine *o, float pcie_frac);
+/* One line on how the engine was set up; valid until off_free. */
+const char *off_log(const off_engine *o);
+/* READY cache slots per layer (per_layer[0..n) zeroed first). */
+void off_resident(off_engine *o, int32_t *per_layer, int32_t n);
+/* 1 when the engine has a device (sim or cuda). */
+int off_has_device(const off_engine *o);
+/* The device's event log: path NULL clears and starts recording; a path writes the recorded
+ * operations as JSON lines and stops (the format strata.h documents for the device-events call). */
+strata_status off_device_events(off_engine *o, const char *path);
 
 #endif

@@ -43,7 +43,7 @@
  *      rows, bytes read, faults, times). Only then does it store done_seq = seq (release): the
  *      number is written after the rows are in place (for a device: after the copy completed).
  *   4. M (ple_wait) polls done_seq >= seq: a short spin, then 50 µs sleeps; after `timeout_s`
- *      (STRATA_PLE_STEP_TIMEOUT, default 300 s) it fails with STRATA_ERR_IO instead of hanging.
+ *      (ple_params.step_timeout_s, default 300 s) it fails with STRATA_ERR_IO instead of hanging.
  *      After a timeout M does not read buf; it releases the channel, and the next step 1 (of any
  *      session) waits for the worker to catch up before writing the request. The request
  *      watchdog (util/trace.h) ends the wait the same way, earlier.
@@ -71,6 +71,21 @@
 #define PLE_PAGE 4096u
 
 enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
+
+/* The settings of the table access and of the worker. This layer never reads the environment:
+ * the model fills these from strata_model_params' ple_* fields (pyrunner/settings.py is where
+ * STRATA_PLE_* are read into those). ple_default_params() owns the defaults; strata_model_params'
+ * defaults are copied from it. A NULL `const ple_params *` argument means the defaults. */
+typedef struct {
+    int madv_random;         /* 1 (default): madvise(MADV_RANDOM) on the mapped rows; 0: the kernel's
+                                default readahead (a benchmark knob: bench ple measures both) */
+    int prefetch;            /* 1 (default): WILLNEED the pages of a multi-token step first; 0: off */
+    double step_timeout_s;   /* ple_wait fails after this long; <= 0 means the default, 300 s */
+    unsigned test_stall_ms;  /* test hook: the worker sleeps this long before publishing; 0: never */
+    uint64_t test_stall_at;  /* test hook: only step (seq) N stalls; 0: every step */
+} ple_params;
+
+ple_params ple_default_params(void);
 
 /* The hash of spec §6: order m (2..n) of token t mixes its m-1 predecessors (eos0 past an eos0),
  * head h of order m takes row (mix mod size_h) + off_h. */
@@ -101,9 +116,11 @@ typedef struct {
 
 /* The in-place GGUF table: rows already mapped (by the GGUF reader). Finds the backing file of
  * the mapping (Linux /proc/self/maps) for pread/fadvise; a table with none runs in mmap mode. */
-strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode);
+strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode,
+                                    const ple_params *p);
 /* A packed table file: maps it read-only and checks its size is n_rows * row_bytes. */
-strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode);
+strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode,
+                                  const ple_params *p);
 void ple_table_close(ple_table *t);
 /* Announces the pages of rows[0..n) (WILLNEED); returns the number of distinct pages. */
 uint64_t ple_prefetch(const ple_table *t, const uint64_t *rows, int64_t n);
@@ -144,12 +161,15 @@ typedef struct {
     const ple_table *table;
     const ple_hash *hash;
     int64_t n_heads;
-    double timeout_s;            /* STRATA_PLE_STEP_TIMEOUT */
-    _Atomic unsigned stall_ms;   /* STRATA_PLE_TEST_STALL_MS: test hook, the worker sleeps before publishing */
-    uint64_t stall_at;           /* STRATA_PLE_TEST_STALL_AT: only step (seq) N stalls (0: every step) */
+    double timeout_s;            /* ple_params.step_timeout_s (read by M only) */
+    _Atomic unsigned stall_ms;   /* ple_params.test_stall_ms: test hook, the worker sleeps before publishing */
+    uint64_t stall_at;           /* ple_params.test_stall_at: only step (seq) N stalls (0: every step);
+                                    written before the worker starts, then only read */
 } ple_worker;
 
-strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap);
+/* Starts the worker for steps of up to `cap` tokens; p: timeout and test hooks (NULL: defaults). */
+strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap,
+                               const ple_params *p);
 void ple_worker_stop(ple_worker *w);
 /* Steps 1-2 for the `L` tokens at hist[n-1..) (hist: n-1 earlier ids, then the L ids; L <= cap).
  * Returns the step's seq in *seq. */

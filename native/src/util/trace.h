@@ -5,7 +5,7 @@
  * Per thread: the thread that runs an eval (the "model thread") owns a wd_state in thread-local
  * storage. The eval marks itself active (wd_eval_begin), names the forward step it is in, beats
  * at every layer (progress), and names the wait it enters (wd_wait_begin: "waiting for the PLE
- * gather worker"). Every blocking wait of the model thread — the PLE handshake (ple/ple.c), the
+ * gather worker"). Every blocking wait of the model thread — the PLE handshake (ple/ple_table.c), the
  * sim device's engines (moe/device_sim.c) — polls wd_expired() and gives up with an error built
  * by wd_fail() once no progress was made for the configured time; forward() also checks between
  * layers. Only the model thread reads or writes its state: no locking. The settings

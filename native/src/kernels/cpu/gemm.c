@@ -15,7 +15,7 @@
  */
 #include "gemm.h"
 
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "../../util/error.h"
@@ -306,24 +306,18 @@ done:
  * format F32: F32, F16, BF16) take the GEMM, from FLOAT_MIN_COLS columns on. */
 enum { FLOAT_MIN_COLS = 8 };
 
-static int64_t g_gemm_all_from = 0; /* STRATA_GEMM=N > 0: every type from N columns on */
-static int g_gemm_off = 0;          /* STRATA_GEMM=0 */
-static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
+/* strata_set_gemm_from's value: < 0 the default rule, 0 off, N > 0 every type from N columns on.
+ * Relaxed atomics: it is set before forward calls start (strata.h), only its own tearing matters. */
+static _Atomic int64_t g_gemm_from = -1;
 
-static void gemm_env(void) {
-    const char *env = getenv("STRATA_GEMM");
-    if (!env || !*env) return;
-    char *end = NULL;
-    const long long v = strtoll(env, &end, 10);
-    if (*end || v < 0) return; /* not a number: keep the default */
-    if (v == 0) g_gemm_off = 1;
-    else g_gemm_all_from = v;
+int64_t strata_gemm_set_from(int64_t n_cols) {
+    return atomic_exchange_explicit(&g_gemm_from, n_cols < 0 ? -1 : n_cols, memory_order_relaxed);
 }
 
 int64_t strata_gemm_min_cols(const strata_qtraits *t) {
-    pthread_once(&g_gemm_once, gemm_env);
-    if (g_gemm_off) return INT64_MAX;
-    if (g_gemm_all_from) return g_gemm_all_from;
+    const int64_t from = atomic_load_explicit(&g_gemm_from, memory_order_relaxed);
+    if (from == 0) return INT64_MAX;
+    if (from > 0) return from;
     return t->act == STRATA_ACT_F32 ? FLOAT_MIN_COLS : INT64_MAX;
 }
 

@@ -30,9 +30,11 @@ strata_status strata_gemm_multi(strata_pool *pool, int isa, const strata_mm_item
 /* The model's choice between the two paths: a product of type t with at least
  * strata_gemm_min_cols(t) columns goes to the GEMM, others to strata_matmul. By default float
  * weights (F32, F16, BF16) from 8 columns on, quantized weights never (measurements in gemm.c).
- * Environment, read once: STRATA_GEMM=0 turns the GEMM off; STRATA_GEMM=N (N > 0) sends every
- * type to it from N columns on (to measure). */
+ * strata_gemm_set_from (strata.h's strata_set_gemm_from; pyrunner reads STRATA_GEMM into it): 0
+ * turns the GEMM off, N > 0 sends every type to it from N columns on (to measure), < 0 restores the
+ * default. Process-wide: the kernels sit below the model and take no params. */
 int64_t strata_gemm_min_cols(const strata_qtraits *t);
+int64_t strata_gemm_set_from(int64_t n_cols);
 strata_status strata_mm_auto(strata_pool *pool, const strata_qtraits *t, int isa, const void *w,
                              int64_t rows, int64_t cols, const float *x, int64_t n, float *y);
 /* Items with n >= strata_gemm_min_cols(t) run as one GEMM job, the rest as one matmul job. */

@@ -14,8 +14,8 @@
  * which not every driver has. The copy thread memcpys the pieces into a pinned staging buffer
  * (one slot), and the DMA runs from there.
  */
-#ifndef STRATA_MOE_DEVICE_CUDA_H
-#define STRATA_MOE_DEVICE_CUDA_H
+#ifndef STRATA_DEVICE_DEVICE_CUDA_H
+#define STRATA_DEVICE_DEVICE_CUDA_H
 
 #include "device.h"
 

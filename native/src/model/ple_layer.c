@@ -1,5 +1,5 @@
 /*
- * ple.c — the per-layer hashed n-gram embedding (spec §6), applied to the residual streams at
+ * ple_layer.c — the per-layer hashed n-gram embedding (spec §6), applied to the residual streams at
  * the start of its layer, and the binding of its table (DESIGN §6).
  *
  * Ids: the history is the session's last n-1 ids (eos0 at sequence start) followed by the new
@@ -27,6 +27,18 @@
 
 #include "ple/ple.h"
 #include "util/error.h"
+
+/* The PLE layer's settings as the table layer takes them: the ple_* fields of strata_model_params
+ * (pyrunner/settings.py reads STRATA_PLE_* into those; nothing below reads the environment). */
+static ple_params ple_params_of(const strata_model_params *mp) {
+    ple_params p = ple_default_params();
+    p.madv_random = mp->ple_madv_random != 0;
+    p.prefetch = mp->ple_prefetch != 0;
+    if (mp->ple_step_timeout_s > 0) p.step_timeout_s = mp->ple_step_timeout_s;
+    p.test_stall_ms = mp->ple_test_stall_ms;
+    p.test_stall_at = mp->ple_test_stall_at;
+    return p;
+}
 
 struct mdl_ple_engine {
     ple_table table;
@@ -140,7 +152,8 @@ static strata_status bind_external(strata_model *m, struct mdl_ple_engine *e, co
     if (gguf_str(m->gguf, "strata.ple_external.source", gsrc, sizeof gsrc) && strcmp(gsrc, src))
         return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: source \"%s\" is not the checkpoint the model was "
                            "converted from (\"%s\")", side, src, gsrc);
-    rc = ple_table_open_file(&e->table, path, (size_t)width, (int64_t)rows, m->params.ple_mode);
+    const ple_params pp = ple_params_of(&m->params);
+    rc = ple_table_open_file(&e->table, path, (size_t)width, (int64_t)rows, m->params.ple_mode, &pp);
     if (rc) return rc;
     e->external = 1;
     e->n_shard = (int64_t)nshard;
@@ -184,7 +197,8 @@ strata_status mdl_ple_bind(strata_model *m) {
         m->ple_table_rows = t.ne[1];
         if (t.size != m->ple_table_row * (uint64_t)t.ne[1])
             return strata_fail(STRATA_ERR_FORMAT, "tensor per_layer_token_embd.weight: data size does not match its shape");
-        if ((rc = ple_table_open_mapped(&e->table, t.data, m->ple_table_row, m->ple_table_rows, m->params.ple_mode)))
+        const ple_params pp = ple_params_of(&m->params);
+        if ((rc = ple_table_open_mapped(&e->table, t.data, m->ple_table_row, m->ple_table_rows, m->params.ple_mode, &pp)))
             return rc;
     }
     const int nh = (h->ple_n - 1) * h->ple_heads_per;
@@ -201,7 +215,8 @@ strata_status mdl_ple_bind(strata_model *m) {
     memcpy(hs->mult, h->ple_mult, sizeof hs->mult);
     memcpy(hs->off, h->ple_off, sizeof hs->off);
     memcpy(hs->size, h->ple_size, sizeof hs->size);
-    return ple_worker_start(&e->worker, &e->table, hs, m->params.n_ubatch);
+    const ple_params pp = ple_params_of(&m->params);
+    return ple_worker_start(&e->worker, &e->table, hs, m->params.n_ubatch, &pp);
 }
 
 void mdl_ple_close(strata_model *m) {

@@ -1,5 +1,5 @@
 /*
- * ple.c — the PLE table access layer and its gather worker; ple.h holds the protocol.
+ * ple_table.c — the PLE table access layer and its gather worker; ple.h holds the protocol.
  */
 #include "ple.h"
 
@@ -18,6 +18,17 @@
 
 #include "util/error.h"
 #include "util/trace.h"
+
+ple_params ple_default_params(void) {
+    ple_params p;
+    memset(&p, 0, sizeof p);
+    p.madv_random = 1;
+    p.prefetch = 1;
+    p.step_timeout_s = 300.0;
+    p.test_stall_ms = 0;
+    p.test_stall_at = 0;
+    return p;
+}
 
 double ple_now(void) {
     struct timespec ts;
@@ -96,11 +107,11 @@ static uint64_t probe_rng(uint64_t *s) {
 }
 
 /* Settles the mode: applies MADV_RANDOM / FADV_RANDOM and, for auto, runs the probe. */
-static void settle(ple_table *t, int mode) {
-    const char *env = getenv("STRATA_PLE_MADV_RANDOM");   /* benchmark knob: 0 = kernel default readahead */
-    const int want_random = !(env && env[0] == '0');
-    env = getenv("STRATA_PLE_PREFETCH");
-    t->prefetch = !(env && env[0] == '0');
+static void settle(ple_table *t, int mode, const ple_params *p) {
+    const ple_params dflt = ple_default_params();
+    if (!p) p = &dflt;
+    const int want_random = p->madv_random != 0;    /* benchmark knob: 0 = kernel default readahead */
+    t->prefetch = p->prefetch != 0;
     if (t->fd >= 0) posix_fadvise(t->fd, 0, 0, POSIX_FADV_RANDOM);
     char madv_err[96] = "";
     if (want_random && t->n_rows > 0) {
@@ -167,7 +178,8 @@ static void settle(ple_table *t, int mode) {
     }
 }
 
-strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode) {
+strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_bytes, int64_t n_rows, int mode,
+                                    const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
     t->rows = rows;
@@ -186,11 +198,12 @@ strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_b
         }
         if (t->fd < 0) t->path[0] = 0;
     }
-    settle(t, mode);
+    settle(t, mode, p);
     return STRATA_OK;
 }
 
-strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode) {
+strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_bytes, int64_t n_rows, int mode,
+                                  const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
     if (strlen(path) >= sizeof t->path)
@@ -213,19 +226,19 @@ strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_byt
         ple_table_close(t);
         return rc;
     }
-    void *p = mmap(NULL, (size_t)need, PROT_READ, MAP_SHARED, t->fd, 0);
-    if (p == MAP_FAILED) {
+    void *map = mmap(NULL, (size_t)need, PROT_READ, MAP_SHARED, t->fd, 0);
+    if (map == MAP_FAILED) {
         strata_status rc = strata_fail(STRATA_ERR_IO, "PLE table %s: mmap failed: %s", path, strerror(errno));
         ple_table_close(t);
         return rc;
     }
-    t->own_map = p;
+    t->own_map = map;
     t->own_len = (size_t)need;
-    t->rows = p;
+    t->rows = map;
     t->row_bytes = row_bytes;
     t->n_rows = n_rows;
     t->file_off = 0;
-    settle(t, mode);
+    settle(t, mode, p);
     return STRATA_OK;
 }
 
@@ -506,18 +519,18 @@ static int grow(ple_worker *w, int64_t L) {
     return 1;
 }
 
-strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap) {
+strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap,
+                               const ple_params *p) {
+    const ple_params dflt = ple_default_params();
+    if (!p) p = &dflt;
     memset(w, 0, sizeof *w);
     w->table = t;
     w->hash = h;
     w->cap = cap;
     w->n_heads = (int64_t)(h->n - 1) * h->heads_per;
-    const char *e = getenv("STRATA_PLE_STEP_TIMEOUT");
-    w->timeout_s = e && atof(e) > 0 ? atof(e) : 300.0;
-    e = getenv("STRATA_PLE_TEST_STALL_MS");
-    w->stall_ms = e ? (unsigned)strtoul(e, NULL, 10) : 0;
-    e = getenv("STRATA_PLE_TEST_STALL_AT");
-    w->stall_at = e ? strtoull(e, NULL, 10) : 0;
+    w->timeout_s = p->step_timeout_s > 0 ? p->step_timeout_s : dflt.step_timeout_s;
+    w->stall_ms = p->test_stall_ms;
+    w->stall_at = p->test_stall_at;        /* before pthread_create: the worker only reads it */
     w->prefetch = t->prefetch;
     if (!grow(w, cap < 16 ? cap : 16)) {
         free(w->hist); free(w->rows); free(w->buf);

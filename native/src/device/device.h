@@ -23,8 +23,8 @@
  * A blob is [gate rows | up rows | down rows] of one (layer, expert), still quantized; `gate` holds
  * the 2·Fe fused rows when the file has ffn_gate_up_exps (then up_bytes = 0).
  */
-#ifndef STRATA_MOE_DEVICE_H
-#define STRATA_MOE_DEVICE_H
+#ifndef STRATA_DEVICE_DEVICE_H
+#define STRATA_DEVICE_DEVICE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -154,11 +154,7 @@ _eog_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def default_session(model):
     """The model's own session: the one generate() uses when no session is given and no other call
     holds it (one per model, so that consecutive requests reuse what they share)."""
-    s = getattr(model, "_generate_session", None)
-    if s is None:
-        s = model.session()
-        model._generate_session = s      # lives and dies with the model
-    return s
+    return model.own_session
 
 
 def _on_a_free_session(model, body):
@@ -267,20 +263,9 @@ def _offload_stats(model, before: dict | None) -> dict:
 
 
 def _controller(model):
-    """The model's PCIe-share controller (pyrunner.controller), made on first use; None on the cpu
-    device or when pcie_frac was fixed by the user. It starts from the share libstrata set at load
-    (the start formula's one owner is native/src/moe/offload.c); the library is told a share only
-    when the controller's own clamp (ControllerSettings.lo/hi) moves it."""
-    if model.device == "cpu" or getattr(model, "pcie_frac_fixed", True):
-        return None
-    ctl = getattr(model, "_controller", None)
-    if ctl is None:
-        from .controller import Controller
-        st = model.offload_stats()
-        ctl = model._controller = Controller(st["pcie_frac"], st["probe_gbps"])
-        if ctl.pcie_frac != st["pcie_frac"]:
-            model.set_pcie_frac(ctl.pcie_frac)
-    return ctl
+    """The model's PCIe-share controller (Model.controller), or None where there is none (cpu device, a
+    fixed pcie_frac, or a stand-in model without one)."""
+    return getattr(model, "controller", None)
 
 
 def _observe(model, ctl, before: dict) -> dict:

@@ -216,6 +216,8 @@ class Model:
         self._tokenizer = None
         self._sessions = []
         self._generate_lock = threading.Lock()   # held by the call running on the model's own session
+        self._own_session = None                 # own_session, made on first use
+        self._controller = None                  # controller, made on first use
         if trained is not None and self.n_ctx > trained:
             # the default filter shows this once per call site: a loop that loads models warns once
             warnings.warn(f"n_ctx {self.n_ctx} is more than {path} was trained on ({trained} tokens, its "
@@ -281,6 +283,31 @@ class Model:
         self._sessions.append(s)
         return s
 
+    @property
+    def own_session(self) -> "Session":
+        """The model's own session: the one generate() runs on when no session is given and no other call
+        holds it (pyrunner.generate), so that consecutive requests reuse what they share. Made on first
+        use; lives as long as the model."""
+        if self._own_session is None:
+            self._own_session = self.session()
+        return self._own_session
+
+    @property
+    def controller(self):
+        """The PCIe-share controller (pyrunner.controller) generate() feeds, made on first use; None on the
+        cpu device or when pcie_frac was fixed. It starts from the share libstrata set at load (the start
+        formula's one owner is native/src/moe/offload.c); the library is told a share only when the
+        controller's own clamp (ControllerSettings.lo/hi) moves it."""
+        if self.device == "cpu" or self.pcie_frac_fixed:
+            return None
+        if self._controller is None:
+            from .controller import Controller
+            st = self.offload_stats()
+            self._controller = Controller(st["pcie_frac"], st["probe_gbps"])
+            if self._controller.pcie_frac != st["pcie_frac"]:
+                self.set_pcie_frac(self._controller.pcie_frac)
+        return self._controller
+
     # ------------------------------------------------------------------ generation (pyrunner.generate)
     # Safe from several threads at once: a call without session= that finds the model's own session
     # taken runs on a session of its own (pyrunner.generate._on_a_free_session says why).
@@ -294,6 +321,7 @@ class Model:
         for s in self._sessions:
             s.close()
         self._sessions = []
+        self._own_session = None
         if getattr(self, "_ptr", None) is not None:
             ptr, self._ptr = self._ptr, None
             ffi.release(ptr)

@@ -209,7 +209,7 @@ def test_generate_starts_from_libstratas_share_and_leaves_it_there(tmp_path, mon
         real = m.set_pcie_frac
         monkeypatch.setattr(m, "set_pcie_frac", lambda f: (writes.append(f), real(f))[1])
         c = m.generate("The offload engine", max_tokens=20, temperature=0)     # < 48 windows: no update
-        ctl = m._controller
+        ctl = m.controller
         assert ctl.updates == 0 and ctl.pcie_frac == start and writes == []
         assert c.stats["pcie_frac"] == start
         assert ctl.log == [f"pcie_frac {start:.2f} (start: libstrata's, link probe {ctl.probe_gbps:.1f} GB/s)"]

@@ -340,7 +340,7 @@ def test_calls_from_many_threads_equal_the_same_calls_one_after_another(tiny_pat
             t.start()
         for t in ts:
             t.join(120)
-        assert m._sessions == [m._generate_session]     # the calls' own sessions were freed
+        assert m._sessions == [m.own_session]     # the calls' own sessions were freed
     assert not errors, errors
     assert got == want
 

@@ -224,7 +224,7 @@ def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
     ban = {i: float("-inf") for i in range(300, m.n_vocab)}      # no end-of-generation token: run to -n
     c = m.generate("The offload engine", max_tokens=90, temperature=0, logit_bias=ban)
     assert c.stats["generated_tokens"] == 90
-    ctl = m._controller
+    ctl = m.controller
     assert ctl.updates >= 1, ctl.log
     assert c.stats["pcie_frac"] == pytest.approx(ctl.pcie_frac) and ctl.pcie_frac != pytest.approx(start)
     assert "pcie_frac" in capsys.readouterr().err

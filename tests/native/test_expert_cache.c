@@ -17,16 +17,7 @@
 
 #include "moe/expert_cache.h"
 
-static int g_failed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,  \
-                    __LINE__, #cond, strata_last_error());                           \
-            g_failed++;                                                              \
-        }                                                                            \
-    } while (0)
+#include "check.h"
 
 static expert_cache *make(int32_t nl, int32_t ne, int32_t ns) {
     ec_params p = ec_default_params();

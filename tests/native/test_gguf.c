@@ -14,16 +14,7 @@
 
 #include "strata.h"
 
-static int g_failed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,  \
-                    __LINE__, #cond, strata_last_error());                           \
-            g_failed++;                                                              \
-        }                                                                            \
-    } while (0)
+#include "check.h"
 
 /* ---------------------------------------------------------------- a byte builder */
 

@@ -28,16 +28,7 @@
 #include "moe/offload.h"
 #include "util/trace.h"
 
-static int g_failed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,  \
-                    __LINE__, #cond, strata_last_error());                           \
-            g_failed++;                                                              \
-        }                                                                            \
-    } while (0)
+#include "check.h"
 
 enum { E = 32, FE = 16, NE = 8, K = 2, MAXL = 2 };
 

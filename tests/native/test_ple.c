@@ -19,16 +19,7 @@
 
 #include "ple/ple.h"
 
-static int g_failed = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__,  \
-                    __LINE__, #cond, strata_last_error());                           \
-            g_failed++;                                                              \
-        }                                                                            \
-    } while (0)
+#include "check.h"
 
 #define ROWB 90
 #define NROWS 4000

@@ -114,7 +114,9 @@ def build_info() -> str:
     return ffi.string(lib.strata_build_info()).decode()
 
 
-_ISA = {"auto": lib.STRATA_ISA_AUTO, "scalar": lib.STRATA_ISA_SCALAR, "avx2": lib.STRATA_ISA_AVX2}
+_ISA = {"auto": lib.STRATA_ISA_AUTO, "scalar": lib.STRATA_ISA_SCALAR, "avx2": lib.STRATA_ISA_AVX2,
+        "avx_vnni": lib.STRATA_ISA_AVX_VNNI, "avx512": lib.STRATA_ISA_AVX512, "amx": lib.STRATA_ISA_AMX}
+ISA_NAMES = tuple(n for n in _ISA if n != "auto")   # from the floor up (strata.h strata_isa)
 
 
 def isa_id(name: str) -> int:
@@ -126,6 +128,31 @@ def isa_id(name: str) -> int:
 
 def isa_supported(name: str) -> bool:
     return bool(lib.strata_isa_supported(isa_id(name)))
+
+
+def isa_paths() -> list[str]:
+    """The kernel paths this CPU and this build can run, from the floor up."""
+    return [n for n in ISA_NAMES if isa_supported(n)]
+
+
+def isa_best() -> str:
+    """The path STRATA_ISA_AUTO takes (the best here, or the one STRATA_ISA forces)."""
+    return ffi.string(lib.strata_isa_name(lib.strata_isa_best())).decode()
+
+
+def _check_isa_setting() -> None:
+    forced = settings.isa()
+    if forced is None:
+        return
+    if forced not in ISA_NAMES:
+        raise ValueError(f"{settings.ISA}={forced!r} is not a kernel path; give one of {', '.join(ISA_NAMES)} "
+                         f"(this machine runs {', '.join(isa_paths())}) or unset it")
+    if not isa_supported(forced):
+        raise ValueError(f"{settings.ISA}={forced}: this CPU, its OS or this build cannot run that path; "
+                         f"this machine runs {', '.join(isa_paths())} ({build_info()})")
+
+
+_check_isa_setting()
 
 
 class Context:

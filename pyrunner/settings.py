@@ -31,9 +31,11 @@ those itself (`envvar=`, named by env_name() below) because it checks them like 
 choices) and shows them in --help. A flag left unset reaches Model as None, so its default is
 Model's, i.e. the library's: there is no second copy of a default in the CLI.
 
-One variable is read inside libstrata and nowhere else, on purpose: STRATA_ISA=scalar, a debugging
-override of which CPU kernel path runs (process-wide, read once by the CPU detection, before any
-params exist); strata.h documents it next to strata_isa_best().
+One variable is read inside libstrata as well, on purpose: STRATA_ISA=scalar|avx2|avx_vnni|avx512|amx,
+a debugging override of which CPU kernel path runs (process-wide, read once by the CPU detection,
+before any params exist); strata.h documents it next to strata_isa_best(). Here isa() reads it only
+so that _native can refuse, at import, a name the library does not know or this CPU cannot run
+(the library itself would silently keep its best path).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ PLE_TEST_STALL_MS = "STRATA_PLE_TEST_STALL_MS"
 PLE_TEST_STALL_AT = "STRATA_PLE_TEST_STALL_AT"
 WATCHDOG_S = "STRATA_WATCHDOG_S"
 GEMM = "STRATA_GEMM"
+ISA = "STRATA_ISA"
 
 
 def env_name(flag: str) -> str:
@@ -100,6 +103,11 @@ def gemm_from() -> int | None:
     if v is not None and v < 0:
         raise ValueError(f"{GEMM}={v}: give 0 (off) or a column count N > 0")
     return v
+
+
+def isa() -> str | None:
+    """STRATA_ISA, as given (the library reads it itself; _native checks it against what runs here)."""
+    return _raw(ISA)
 
 
 def threads() -> int | None:

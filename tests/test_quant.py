@@ -1,6 +1,7 @@
 """Block formats: dequantization against gguf.quants (bit for bit), dot products against a
-float64 reference (within a documented bound), scalar == AVX2 (bit for bit), and matmul
-results that do not depend on batch size or thread count.
+float64 reference (within a documented bound), every ISA path == scalar (bit for bit), and
+matmul results that do not depend on batch size or thread count. A path this CPU or build cannot
+run is skipped with its name (pytest -rs lists them).
 
 The dot-product bound (every type). Weights w are the gguf.quants dequantization of the
 blocks; x the float activations. Quantized types multiply against x quantized to int8 in
@@ -23,7 +24,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from pyrunner import quant
-from pyrunner._native import Context, isa_supported
+from pyrunner._native import ISA_NAMES, Context, isa_supported
 
 ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
              "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"]
@@ -40,7 +41,8 @@ SCALES = {
     "MXFP4": [(0, "e8m0")], "NVFP4": [(0, "ue4m3"), (1, "ue4m3"), (2, "ue4m3"), (3, "ue4m3")],
 }
 FLOATS = {"F32": np.float32, "F16": np.float16}
-ISAS = ["scalar", "avx2"]
+ISAS = list(ISA_NAMES)                 # scalar, avx2, avx_vnni, avx512, amx
+FAST_ISAS = ISAS[1:]                   # each checked against scalar, the reference
 KINDS = ["random", "raw", "zeros", "ones", "high"]
 
 
@@ -187,9 +189,10 @@ def test_matmul_within_bound_of_float64(name, kind):
         assert np.all(err <= bound), f"{name} {kind} {style}: error {err.max():.3g} exceeds bound by x{worst:.3g}"
 
 
+@pytest.mark.parametrize("isa", FAST_ISAS)
 @pytest.mark.parametrize("name", ALL_TYPES)
-def test_scalar_and_avx2_agree_bit_for_bit(name):
-    need_isa("avx2")
+def test_every_path_agrees_with_scalar_bit_for_bit(name, isa):
+    need_isa(isa)
     rng = np.random.default_rng(seed(name, "isa"))
     bs = block_info(name)[0] if name not in FLOATS and name != "BF16" else 1
     # Row lengths whose block count leaves 1..7 blocks after groups of 8 (the real model's 640-wide
@@ -203,8 +206,52 @@ def test_scalar_and_avx2_agree_bit_for_bit(name):
                 for n in (1, 2, 7, 16, 19):
                     x = make_x(rng, n, cols, style)
                     a = quant.matmul(name, data, rows, cols, x, isa="scalar")
-                    b = quant.matmul(name, data, rows, cols, x, isa="avx2")
-                    assert_bits_equal(a, b, f"{name} {kind} {rows}x{cols} n={n} {style}")
+                    b = quant.matmul(name, data, rows, cols, x, isa=isa)
+                    assert_bits_equal(a, b, f"{name} {isa} {kind} {rows}x{cols} n={n} {style}")
+
+
+def covering_shapes():
+    """(rows, blocks, columns) cases in which every row count 1..37, block count 1..40 and column
+    count 1..19 and 512 occurs at least once (a cyclic walk through the three lists), and the
+    extremes of each occur with the extremes of the others; not the full cross product."""
+    rows, blocks, cols = list(range(1, 38)), list(range(1, 41)), list(range(1, 20)) + [512]
+    walk = [(rows[i % len(rows)], blocks[(7 * i) % len(blocks)], cols[(3 * i) % len(cols)]) for i in range(40)]
+    edges = [(r, b, c) for r in (1, 37) for b in (1, 40) for c in (1, 19, 512)]
+    return walk + edges
+
+
+def test_covering_shapes_cover():
+    cases = covering_shapes()
+    assert {r for r, _, _ in cases} == set(range(1, 38))
+    assert {b for _, b, _ in cases} == set(range(1, 41))
+    assert {c for _, _, c in cases} == set(range(1, 20)) | {512}
+
+
+@pytest.mark.parametrize("name", ALL_TYPES)
+def test_every_path_on_covering_shapes(name):
+    """Every path this host runs against the scalar reference, bit for bit, over the covering set of
+    shapes (rows x blocks per row x columns), with the block kinds in turn (raw blocks included:
+    NaN/Inf scales must come out the same way). Paths the host lacks are named in the skip."""
+    paths = [isa for isa in FAST_ISAS if isa_supported(isa)]
+    if not paths:
+        pytest.skip(f"no path but scalar runs here (skipped: {', '.join(FAST_ISAS)})")
+    rng = np.random.default_rng(seed(name, "cover"))
+    bs = block_info(name)[0] if name not in FLOATS and name != "BF16" else 1
+    # float types have no blocks: a "block" is 32 values there (rows of 32..1280 values)
+    unit = bs if bs > 1 else 32
+    for i, (rows, blocks, n) in enumerate(covering_shapes()):
+        cols = unit * blocks
+        if bs == 256 and n == 512 and blocks > 8:
+            blocks, cols = 8, unit * 8      # 512 columns x 40 super-blocks costs the scalar path seconds
+        kind = KINDS[i % len(KINDS)]
+        data = make_blocks(name, rows * cols, kind, rng)
+        x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
+        ref = quant.matmul(name, data, rows, cols, x, isa="scalar")
+        for isa in paths:
+            got = quant.matmul(name, data, rows, cols, x, isa=isa)
+            assert_bits_equal(got, ref, f"{name} {isa} {kind} rows={rows} blocks={blocks} cols={n}")
+    skipped = [isa for isa in FAST_ISAS if isa not in paths]
+    print(f"{name}: checked {', '.join(paths)}; skipped (not on this host): {', '.join(skipped) or 'none'}")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -238,20 +285,22 @@ def test_bad_arguments_raise_with_message():
         quant.matmul("Q8_0", bytes(68), 2, 32, np.zeros(31, np.float32))
 
 
-@pytest.mark.parametrize("name", ["IQ4_NL", "MXFP4", "NVFP4"])
-def test_row_group_kernels_match_scalar(name):
-    """Types whose short rows take a kernel working on eight rows at once (matmul.c rows_kernel):
+@pytest.mark.parametrize("isa", FAST_ISAS)
+@pytest.mark.parametrize("name", ["IQ4_NL", "MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ3_XXS"])
+def test_row_group_kernels_match_scalar(name, isa):
+    """Types whose products may take a kernel working on several rows at once (quant.h rows[isa]):
     row counts that leave 1..7 rows in the last group, rows of 1..8 blocks, several column
     counts; bit for bit against the scalar path."""
-    need_isa("avx2")
+    need_isa(isa)
     rng = np.random.default_rng(seed(name, "rows"))
+    bs = block_info(name)[0]
     for kind in ("random", "ones", "high", "zeros", "raw"):
         for rows in (1, 7, 8, 9, 37):
-            for cols in [c for c in (32, 64, 96, 160, 256, 320, 480, 1024, 1088) if c % block_info(name)[0] == 0]:
+            for cols in [c for c in (32, 64, 96, 160, 256, 320, 480, 1024, 1088, 2304) if c % bs == 0]:
                 data = make_blocks(name, rows * cols, kind, rng)
                 for style in ("normal", "outlier", "sparse"):
                     for n in (1, 3, 16, 19):
                         x = make_x(rng, n, cols, style)
                         a = quant.matmul(name, data, rows, cols, x, isa="scalar")
-                        b = quant.matmul(name, data, rows, cols, x, isa="avx2")
-                        assert_bits_equal(a, b, f"{name} {kind} {rows}x{cols} n={n} {style}")
+                        b = quant.matmul(name, data, rows, cols, x, isa=isa)
+                        assert_bits_equal(a, b, f"{name} {isa} {kind} {rows}x{cols} n={n} {style}")

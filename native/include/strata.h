@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 3
+#define STRATA_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -63,19 +63,28 @@ const char *strata_last_error(void);
 /* ---------------------------------------------------------------- CPU paths */
 
 typedef enum strata_isa {
-    STRATA_ISA_AUTO = 0,   /* the best path this CPU supports */
-    STRATA_ISA_SCALAR = 1, /* portable C: the reference */
-    STRATA_ISA_AVX2 = 2    /* AVX2 + FMA + F16C */
+    STRATA_ISA_AUTO = 0,     /* the best path this CPU supports */
+    STRATA_ISA_SCALAR = 1,   /* portable C: the reference */
+    STRATA_ISA_AVX2 = 2,     /* AVX2 + FMA + F16C: the x86-64 floor */
+    STRATA_ISA_AVX_VNNI = 3, /* AVX2 + AVX-VNNI (256-bit vpdpbusd, VEX): Intel Core 12th gen on */
+    STRATA_ISA_AVX512 = 4,   /* AVX2 + AVX-512 F/BW/DQ/VL + VNNI + VBMI: Zen 4/5, Ice Lake and later Xeons */
+    STRATA_ISA_AMX = 5       /* AVX512 + AMX-TILE/AMX-INT8 (tiles granted by the kernel): prefill GEMM */
 } strata_isa;
 
-/* 1 if the path can run on this CPU and was compiled in, else 0. */
+/* 1 if the path can run on this CPU and was compiled in, else 0. Every path runs the kernels of
+ * the paths below it where it has none of its own: AVX_VNNI and AVX512 those of AVX2, AMX those
+ * of AVX512 (an AVX-512 CPU need not have AVX-VNNI). */
 int32_t strata_isa_supported(strata_isa isa);
-/* The path STRATA_ISA_AUTO resolves to (env STRATA_ISA=scalar|avx2 overrides).
+/* "scalar", "avx2", "avx_vnni", "avx512", "amx" ("auto" for STRATA_ISA_AUTO); NULL if unknown. */
+const char *strata_isa_name(strata_isa isa);
+/* The path STRATA_ISA_AUTO resolves to: the best this CPU supports, or the one STRATA_ISA names.
  *
  * The environment inside libstrata: every setting is a params field or a call (pyrunner/settings.py
  * reads the STRATA_* variables into them), except one debugging override read once per process,
  * because the CPU detection it replaces runs before any params exist:
- *   STRATA_ISA=scalar   the portable C path everywhere (api.c) */
+ *   STRATA_ISA=scalar|avx2|avx_vnni|avx512|amx   the path every AUTO call takes (api.c); a name this
+ *                       CPU cannot run is ignored here (AUTO stays the best path), and pyrunner
+ *                       refuses it with a message (settings.py) */
 strata_isa strata_isa_best(void);
 
 /* Which matrix products take the CPU GEMM path instead of matrix x vector, for the whole process

@@ -14,10 +14,6 @@
 #include "util/error.h"
 #include "util/threadpool.h"
 
-#if STRATA_HAVE_AVX2
-#include <cpuid.h>
-#endif
-
 struct strata_context {
     strata_pool *pool;
 };
@@ -32,6 +28,21 @@ const char *strata_build_info(void) {
 #else
            " avx2=absent"
 #endif
+#if STRATA_HAVE_AVX_VNNI
+           " avx_vnni=compiled"
+#else
+           " avx_vnni=absent"
+#endif
+#if STRATA_HAVE_AVX512
+           " avx512=compiled"
+#else
+           " avx512=absent"
+#endif
+#if STRATA_HAVE_AMX
+           " amx=compiled"
+#else
+           " amx=absent"
+#endif
 #if STRATA_HAVE_CUDA
            " cuda=compiled"
 #else
@@ -45,59 +56,50 @@ const char *strata_build_info(void) {
 
 /* ---------------------------------------------------------------- CPU paths */
 
-static int g_has_avx2;
-static int g_isa_env_scalar;
-static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+static const char *const g_isa_names[] = {"auto", "scalar", "avx2", "avx_vnni", "avx512", "amx"};
+enum { N_PUBLIC_ISA = (int)(sizeof g_isa_names / sizeof g_isa_names[0]) };
 
-/* Detected once: cpuid is a VM exit under a hypervisor (tens of microseconds here), far too
- * slow for a per-call check, and getenv is not thread-safe against setenv. */
-static void cpu_detect(void) {
-#if STRATA_HAVE_AVX2
-    /* F16C through cpuid: clang 14 (the fuzz build) rejects __builtin_cpu_supports("f16c") */
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-    __builtin_cpu_init();
-    g_has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-#endif
-    /* a debugging override, one of the two variables the library reads (strata.h lists them next
-     * to strata_isa_best; every setting is a params field, read from the environment in Python) */
+static int g_isa_env = -1; /* the table index STRATA_ISA names, if this CPU runs it; else -1 */
+static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
+
+/* getenv is not thread-safe against setenv: read once. The debugging override, the one variable
+ * the library reads (strata.h lists it next to strata_isa_best; every setting is a params field,
+ * read from the environment in Python, which also refuses a name this CPU cannot run). */
+static void isa_env(void) {
     const char *env = getenv("STRATA_ISA");
-    g_isa_env_scalar = env && strcmp(env, "scalar") == 0;
+    if (!env) return;
+    for (int i = 1; i < N_PUBLIC_ISA; i++)
+        if (strcmp(env, g_isa_names[i]) == 0 && strata_cpu_has_isa(i - 1)) g_isa_env = i - 1;
 }
 
-int strata_cpu_has_avx2(void) {
-    pthread_once(&g_cpu_once, cpu_detect);
-    return g_has_avx2;
+const char *strata_isa_name(strata_isa isa) {
+    return (int)isa >= 0 && (int)isa < N_PUBLIC_ISA ? g_isa_names[isa] : NULL;
 }
 
 int32_t strata_isa_supported(strata_isa isa) {
-    switch (isa) {
-    case STRATA_ISA_AUTO:
-    case STRATA_ISA_SCALAR: return 1;
-    case STRATA_ISA_AVX2: return strata_cpu_has_avx2();
-    }
-    return 0;
+    if (isa == STRATA_ISA_AUTO) return 1;
+    return (int)isa > 0 && (int)isa < N_PUBLIC_ISA && strata_cpu_has_isa((int)isa - 1);
 }
 
 int64_t strata_set_gemm_from(int64_t n_cols) { return strata_gemm_set_from(n_cols); }
 
 strata_isa strata_isa_best(void) {
-    const int avx2 = strata_cpu_has_avx2(); /* runs cpu_detect once */
-    return avx2 && !g_isa_env_scalar ? STRATA_ISA_AVX2 : STRATA_ISA_SCALAR;
+    pthread_once(&g_env_once, isa_env);
+    if (g_isa_env >= 0) return (strata_isa)(g_isa_env + 1);
+    for (int i = STRATA_N_ISA - 1; i > 0; i--)
+        if (strata_cpu_has_isa(i)) return (strata_isa)(i + 1);
+    return STRATA_ISA_SCALAR;
 }
 
 /* Resolves a public isa to a table index, or fails if it cannot run here. */
 static strata_status isa_index(strata_isa isa, int *idx) {
     if (isa == STRATA_ISA_AUTO) isa = strata_isa_best();
-    if (isa == STRATA_ISA_SCALAR) { *idx = STRATA_ISA_IDX_SCALAR; return STRATA_OK; }
-    if (isa == STRATA_ISA_AVX2) {
-        if (!strata_cpu_has_avx2())
-            return strata_fail(STRATA_ERR_UNSUPPORTED, "isa AVX2 requested but %s",
-                               STRATA_HAVE_AVX2 ? "this CPU lacks AVX2/FMA/F16C" : "it was not compiled in");
-        *idx = STRATA_ISA_IDX_AVX2;
-        return STRATA_OK;
-    }
-    return strata_fail(STRATA_ERR_INVALID_ARG, "unknown isa %d", (int)isa);
+    if ((int)isa <= 0 || (int)isa >= N_PUBLIC_ISA) return strata_fail(STRATA_ERR_INVALID_ARG, "unknown isa %d", (int)isa);
+    if (!strata_cpu_has_isa((int)isa - 1))
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "isa %s requested but this CPU, its OS or this build cannot run it "
+                           "(strata_build_info() lists what was compiled in)", g_isa_names[isa]);
+    *idx = (int)isa - 1;
+    return STRATA_OK;
 }
 
 /* ---------------------------------------------------------------- context */

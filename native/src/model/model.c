@@ -77,7 +77,7 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     if ((rc = strata_context_init(&cp, &m->ctx))) goto fail;
     m->pool = strata_context_pool(m->ctx);
     m->params.n_threads = strata_context_n_threads(m->ctx);
-    m->isa = strata_isa_best() == STRATA_ISA_AVX2 ? STRATA_ISA_IDX_AVX2 : STRATA_ISA_IDX_SCALAR;
+    m->isa = (int)strata_isa_best() - 1; /* STRATA_ISA_IDX_* */
     pthread_mutex_init(&m->trace_mu, NULL);
     if ((rc = mdl_offload_open(m))) goto fail;
     *out = m;

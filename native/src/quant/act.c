@@ -46,7 +46,7 @@ static void act_q8_256_scalar(const float *x, act_q8_256 *y, int64_t n) {
 
 void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa) {
 #if STRATA_HAVE_AVX2
-    if (isa == STRATA_ISA_IDX_AVX2) { strata_avx2_act_q8_32(x, y, n); return; }
+    if (strata_isa_has_avx2(isa)) { strata_avx2_act_q8_32(x, y, n); return; }
 #endif
     (void)isa;
     act_q8_32_scalar(x, y, n);
@@ -54,7 +54,7 @@ void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa)
 
 void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int isa) {
 #if STRATA_HAVE_AVX2
-    if (isa == STRATA_ISA_IDX_AVX2) { strata_avx2_act_q8_256(x, y, n); return; }
+    if (strata_isa_has_avx2(isa)) { strata_avx2_act_q8_256(x, y, n); return; }
 #endif
     (void)isa;
     act_q8_256_scalar(x, y, n);

@@ -137,7 +137,9 @@ static void vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t x_stri
     t[T] = (strata_qtraits){.name = NAME, .type = T, .block_size = BS, .type_size = TS,        \
                             .act = STRATA_ACT_Q8_32,                                           \
                             .dequant = {dequant_##FN, AVX2_FN(strata_avx2_dequant_##FN)},      \
-                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN)}}
+                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN)},       \
+                            .rows = {NULL, AVX2_FN(strata_avx2_rows_##FN)},                     \
+                            .rows_when = {0, STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1}}
 
 void strata_quant_register_fp4(strata_qtraits *t) {
     FP4(GT_IQ4_NL, "IQ4_NL", 32, 18, iq4_nl);

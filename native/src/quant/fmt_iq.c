@@ -200,12 +200,16 @@ void strata_quant_register_iq(strata_qtraits *t) {
         .act = STRATA_ACT_Q8_256,
         .dequant = {dequant_iq3_xxs, NULL}, .vec_dot = {vec_dot_iq3_xxs, NULL}};
 #if STRATA_HAVE_AVX2
-    /* api.c only selects these after strata_cpu_has_avx2() said yes. */
+    /* api.c only selects these after strata_cpu_has_isa() said yes. */
     t[GT_IQ2_XXS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq2_xxs;
     t[GT_IQ2_XXS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq2_xxs;
     t[GT_IQ2_XS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq2_xs;
     t[GT_IQ2_XS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq2_xs;
     t[GT_IQ3_XXS].dequant[STRATA_ISA_IDX_AVX2] = strata_avx2_dequant_iq3_xxs;
     t[GT_IQ3_XXS].vec_dot[STRATA_ISA_IDX_AVX2] = strata_avx2_vec_dot_iq3_xxs;
+    t[GT_IQ2_XXS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq2_xxs;
+    t[GT_IQ2_XS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq2_xs;
+    t[GT_IQ3_XXS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq3_xxs;
+    for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++) t[T].rows_when[STRATA_ISA_IDX_AVX2] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED;
 #endif
 }

@@ -6,13 +6,16 @@
  *   - vec_dot[isa]: one weight row against ncols activation rows, in the type's
  *     activation format (act): float, act_q8_32 or act_q8_256;
  *   - quantize: floats -> blocks (optional).
- * isa 0 is the portable scalar reference, isa 1 the AVX2+FMA+F16C path.
+ * isa indexes the paths (STRATA_ISA_IDX_*): 0 the portable scalar reference, then AVX2+FMA+F16C,
+ * AVX-VNNI, AVX-512 and AMX. A slot a family leaves empty takes its fallback's function
+ * (strata_isa_fallback), so every slot is filled.
  *
- * Rule for vec_dot (tested): the scalar and AVX2 functions return the same float bit for
+ * Rule for vec_dot (tested): every path returns the same float as the scalar one bit for
  * bit, and column c's result does not depend on ncols. To make that possible each format
  * fixes its summation order in writing, and both paths follow it: integer parts are exact;
  * every float operation is the same in both paths; eight float lane accumulators are
- * reduced with strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h).
+ * reduced with strata_hsum8() (AVX2: strata_hsum8_avx2 in kernels/cpu/avx2_common.h). A wider
+ * path keeps the eight float lanes (its integer work may be as wide as it likes: it is exact).
  * The orders in use:
  *   - block b's float part goes to lane (b % 8) (32- and 64-value formats);
  *   - float weights: element i goes to lane (i % 32) of 32 lanes (four vectors), reduced
@@ -32,10 +35,28 @@
 #include <math.h>
 
 #define STRATA_QTYPE_MAX 48 /* ggml type ids are < 48 */
-#define STRATA_N_ISA 2      /* 0 scalar, 1 avx2 */
 #define QK_K 256
 
-enum { STRATA_ISA_IDX_SCALAR = 0, STRATA_ISA_IDX_AVX2 = 1 };
+/* Kernel paths, in the order of strata.h's strata_isa (index = public value - 1). */
+enum {
+    STRATA_ISA_IDX_SCALAR = 0,
+    STRATA_ISA_IDX_AVX2 = 1,     /* AVX2 + FMA + F16C                          kernels/cpu/avx2_*.c   */
+    STRATA_ISA_IDX_AVX_VNNI = 2, /* AVX2 + AVX-VNNI                            kernels/cpu/avxvnni_*.c */
+    STRATA_ISA_IDX_AVX512 = 3,   /* AVX2 + AVX-512 F/BW/DQ/VL/VNNI/VBMI       kernels/cpu/avx512_*.c */
+    STRATA_ISA_IDX_AMX = 4,      /* AVX512 + AMX-TILE/INT8                     kernels/cpu/amx_*.c    */
+    STRATA_N_ISA = 5
+};
+
+/* The path whose kernels a path runs where it has none of its own (its features are a subset). */
+static inline int strata_isa_fallback(int isa) {
+    static const signed char fb[STRATA_N_ISA] = {-1, STRATA_ISA_IDX_SCALAR, STRATA_ISA_IDX_AVX2,
+                                                  STRATA_ISA_IDX_AVX2, STRATA_ISA_IDX_AVX512};
+    return isa > 0 && isa < STRATA_N_ISA ? fb[isa] : -1;
+}
+/* 1 if the path includes AVX2+FMA+F16C (so the avx2_*.c kernels may run on it). */
+static inline int strata_isa_has_avx2(int isa) { return isa >= STRATA_ISA_IDX_AVX2 && isa < STRATA_N_ISA; }
+/* 1 if the path includes AVX-512 (F/BW/DQ/VL/VNNI/VBMI). */
+static inline int strata_isa_has_avx512(int isa) { return isa == STRATA_ISA_IDX_AVX512 || isa == STRATA_ISA_IDX_AMX; }
 
 /* ggml type ids (gguf.GGMLQuantizationType) used by Strata. */
 enum {
@@ -77,6 +98,17 @@ typedef void (*strata_dequant_fn)(const void *src, float *dst, int64_t n);
 /* y[c] = dot(w, x_c) for c < ncols, x_c = (const char *)x + c * x_stride; n values. */
 typedef void (*strata_vec_dot_fn)(int64_t n, const void *w, const void *x, size_t x_stride,
                                   int ncols, float *y);
+/* nrows weight rows (w_row bytes apart) against ncols activation rows: y[c * ldy + r] = what vec_dot
+ * returns for row r and column c, bit for bit (a kernel that loads each activation block once for
+ * several rows). n values per row. */
+typedef void (*strata_rows_fn)(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                               size_t x_stride, int ncols, float *y, int64_t ldy);
+/* When matmul uses a rows kernel (rows_when bits): */
+enum {
+    STRATA_ROWS_MULTI = 1,  /* products of several columns */
+    STRATA_ROWS_SHORT1 = 2, /* one column, rows of at most 16 blocks */
+    STRATA_ROWS_BIASED = 4  /* it reads activations stored biased (codes q ^ 0x80; strata_act_bias_q8_256) */
+};
 /* nrows x n_per_row floats -> blocks; imatrix NULL or n_per_row weights. Returns bytes
  * written. Must be deterministic and thread-safe (called concurrently on row ranges). */
 typedef size_t (*strata_quantize_fn)(const float *src, void *dst, int64_t nrows,
@@ -90,13 +122,15 @@ typedef struct {
     strata_act_kind act;
     strata_dequant_fn dequant[STRATA_N_ISA];
     strata_vec_dot_fn vec_dot[STRATA_N_ISA];
+    strata_rows_fn rows[STRATA_N_ISA];       /* optional; inherited from the fallback with vec_dot */
+    uint8_t rows_when[STRATA_N_ISA];         /* STRATA_ROWS_* */
     strata_quantize_fn quantize;
 } strata_qtraits;
 
 /* Table lookup; NULL for an unknown or unregistered type. Thread-safe after first call. */
 const strata_qtraits *strata_qtraits_get(int32_t type);
-/* 1 if the AVX2 path was compiled in and this CPU has AVX2+FMA+F16C. */
-int strata_cpu_has_avx2(void);
+/* 1 if path idx (STRATA_ISA_IDX_*) was compiled in and runs on this CPU (util/cpu.c). */
+int strata_cpu_has_isa(int idx);
 
 /* Family registration (each fills its entries of a STRATA_QTYPE_MAX table). */
 void strata_quant_register_float(strata_qtraits *t);    /* F32 F16 BF16            (fmt_float.c)  */

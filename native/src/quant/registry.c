@@ -13,12 +13,20 @@ static void registry_init(void) {
     strata_quant_register_kquants(g_traits);
     strata_quant_register_iq(g_traits);
     strata_quant_register_quantizers(g_traits);
-    /* An AVX2 slot left empty by a family falls back to the scalar reference. */
+    /* A slot left empty by a family takes its fallback path's function (filled first: a fallback
+     * has a lower index). A path with a vec_dot of its own keeps its own rows kernel or none: the
+     * fallback's rows kernel would be slower than its vec_dot or want other activations. */
     for (int i = 0; i < STRATA_QTYPE_MAX; i++) {
         strata_qtraits *t = &g_traits[i];
         if (!t->name) continue;
-        if (!t->dequant[STRATA_ISA_IDX_AVX2]) t->dequant[STRATA_ISA_IDX_AVX2] = t->dequant[0];
-        if (!t->vec_dot[STRATA_ISA_IDX_AVX2]) t->vec_dot[STRATA_ISA_IDX_AVX2] = t->vec_dot[0];
+        for (int isa = 1; isa < STRATA_N_ISA; isa++) {
+            const int fb = strata_isa_fallback(isa);
+            if (!t->dequant[isa]) t->dequant[isa] = t->dequant[fb];
+            if (!t->vec_dot[isa]) {
+                t->vec_dot[isa] = t->vec_dot[fb];
+                if (!t->rows[isa]) { t->rows[isa] = t->rows[fb]; t->rows_when[isa] = t->rows_when[fb]; }
+            }
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 /* avx2_iq.h — AVX2 kernels of IQ2_XXS, IQ2_XS and IQ3_XXS (avx2_iq.c); the scalar
  * references and the block layouts are in quant/fmt_iq.c. Call only after
- * strata_cpu_has_avx2() said yes. */
+ * strata_cpu_has_isa(STRATA_ISA_IDX_AVX2) said yes. */
 #ifndef STRATA_KERNELS_CPU_AVX2_IQ_H
 #define STRATA_KERNELS_CPU_AVX2_IQ_H
 

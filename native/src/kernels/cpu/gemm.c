@@ -55,7 +55,7 @@ static void scalar_block(const float *w, size_t ldw, int nrow, const float *x, s
 
 static strata_gemm_block_fn block_fn(int isa) {
 #if STRATA_HAVE_AVX2
-    if (isa == STRATA_ISA_IDX_AVX2) return strata_avx2_gemm_block;
+    if (strata_isa_has_avx2(isa)) return strata_avx2_gemm_block;
 #endif
     (void)isa;
     return scalar_block;

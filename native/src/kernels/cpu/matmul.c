@@ -14,7 +14,6 @@
 
 #include "../../util/error.h"
 #if STRATA_HAVE_AVX2
-#include "avx2_fp4.h"
 #include "avx2_iq.h"
 #endif
 
@@ -46,16 +45,10 @@ static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_thread
     return rpt;
 }
 
-/* Whether the activations of this product are stored biased (codes q ^ 0x80) for a kernel of
- * several columns that wants them so (avx2_iq.c: IQ2_XXS, IQ2_XS, IQ3_XXS). */
+/* Whether the activations of this product are stored biased (codes q ^ 0x80) for a rows kernel
+ * that wants them so (STRATA_ROWS_BIASED: avx2_iq.c's IQ2_XXS, IQ2_XS, IQ3_XXS). */
 static int act_biased(const strata_qtraits *t, int isa, int64_t n) {
-#if STRATA_HAVE_AVX2
-    return isa == STRATA_ISA_IDX_AVX2 && n > 1 &&
-           (t->type == GT_IQ2_XS || t->type == GT_IQ2_XXS || t->type == GT_IQ3_XXS);
-#else
-    (void)t; (void)isa; (void)n;
-    return 0;
-#endif
+    return n > 1 && t->rows[isa] && (t->rows_when[isa] & STRATA_ROWS_BIASED);
 }
 
 static void act_quantize(const strata_qtraits *t, int isa, int biased, const float *src, void *dst, int64_t cols) {
@@ -71,37 +64,24 @@ static void act_quantize(const strata_qtraits *t, int isa, int biased, const flo
 #endif
 }
 
-/* Rows r0..r1 against all n columns with a kernel that takes several rows at once, where one
- * exists for this type, width and ISA (same results as vec_dot, bit for bit). Returns 0 if not. */
+/* Rows r0..r1 against all n columns with the type's rows kernel for this path, where it has one and
+ * its rows_when admits the product (same results as vec_dot, bit for bit). Returns 0 if not.
+ * Measured on AVX2 (avx2_fp4.c): the 4-bit table formats load an activation block once for 8 rows,
+ * 1.2-1.5x on long rows at 128 columns, and at one column 1.2-4x on rows of at most 16 blocks (the
+ * 96-wide IQ4_NL expert down rows are 3 blocks, the 320-wide rows 10 IQ4_NL or 5 NVFP4); a long row
+ * at one column is faster on the row path. */
 static int rows_kernel(const strata_qtraits *t, int isa, const char *w, size_t w_row, int64_t rows, int64_t cols,
                        const void *xa, size_t xa_row, int64_t n, float *y, int64_t r0, int64_t r1) {
-#if STRATA_HAVE_AVX2
-    /* 4-bit table formats: every product of several columns (the activation block is loaded once
-     * for 8 rows; measured 1.2-1.5x on long rows at 128 columns), and one column for rows of at
-     * most 16 blocks (the 96-wide IQ4_NL expert down rows are 3 blocks, the 320-wide rows 10
-     * IQ4_NL or 5 NVFP4: 1.2-4x); a long row at one column is faster on the row path. */
-    typedef void (*rows_fn)(int64_t, const void *, size_t, int64_t, const void *, size_t, int, float *, int64_t);
-    rows_fn fn = NULL;
-    if (act_biased(t, isa, n)) {
-        fn = t->type == GT_IQ2_XS ? strata_avx2_rows_iq2_xs : t->type == GT_IQ2_XXS ? strata_avx2_rows_iq2_xxs
-                                                                                       : strata_avx2_rows_iq3_xxs;
-    } else if (isa == STRATA_ISA_IDX_AVX2 && (n > 1 || cols / t->block_size <= 16)) {
-        if (t->type == GT_IQ4_NL) fn = strata_avx2_rows_iq4_nl;
-        else if (t->type == GT_MXFP4) fn = strata_avx2_rows_mxfp4;
-        else if (t->type == GT_NVFP4) fn = strata_avx2_rows_nvfp4;
+    const strata_rows_fn fn = t->rows[isa];
+    const unsigned when = t->rows_when[isa];
+    if (!fn || !(n > 1 ? when & STRATA_ROWS_MULTI : (when & STRATA_ROWS_SHORT1) && cols / t->block_size <= 16))
+        return 0;
+    for (int64_t j0 = 0; j0 < n; j0 += COL_TILE) {
+        const int nc = (int)(n - j0 < COL_TILE ? n - j0 : COL_TILE);
+        fn(cols, w + (size_t)r0 * w_row, w_row, r1 - r0, (const char *)xa + (size_t)j0 * xa_row, xa_row, nc,
+           y + j0 * rows + r0, rows);
     }
-    if (fn) {
-        for (int64_t j0 = 0; j0 < n; j0 += COL_TILE) {
-            const int nc = (int)(n - j0 < COL_TILE ? n - j0 : COL_TILE);
-            fn(cols, w + (size_t)r0 * w_row, w_row, r1 - r0, (const char *)xa + (size_t)j0 * xa_row, xa_row, nc,
-               y + j0 * rows + r0, rows);
-        }
-        return 1;
-    }
-#endif
-    (void)t; (void)isa; (void)w; (void)w_row; (void)rows; (void)cols; (void)xa; (void)xa_row; (void)n; (void)y;
-    (void)r0; (void)r1;
-    return 0;
+    return 1;
 }
 
 static void act_task(void *arg, int64_t j, int thread) {

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-SETTINGS = [("tiny", "f32"), ("small", "iq2_xs")]
+SETTINGS = [("tiny", "f32"), ("small", "iq2_xs"), ("tiny-gdn128", "f32")]
+# Presets made here from a shipped one: the real model's GDN head width (128), which the tiny and small
+# presets (16, 64) do not reach, so that the 128-wide sweeps of gdn.c's chunked prefill are fingerprinted.
+DERIVED = {"tiny-gdn128": ("tiny", {"linear_key_head_dim": 128, "linear_value_head_dim": 128})}
 PROMPT_TOKENS, DECODE_STEPS, THREADS = 64, 32, 2
 
 
@@ -30,7 +33,14 @@ def _model_file(work: Path, preset: str, recipe: str) -> Path:
     path = work / f"{preset}-{recipe}.gguf"
     if not path.exists():
         tmp = path.with_suffix(".partial.gguf")
-        make_model(preset, str(tmp), recipe=recipe, seed=0)
+        source = preset
+        if preset in DERIVED:
+            base, overrides = DERIVED[preset]
+            cfg = json.loads((Path(__file__).resolve().parent.parent / "models" / f"{base}.json").read_text())
+            cfg.update(overrides)
+            source = str(work / f"{preset}.json")
+            Path(source).write_text(json.dumps(cfg))
+        make_model(source, str(tmp), recipe=recipe, seed=0)
         tmp.rename(path)
     return path
 

@@ -96,12 +96,38 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
      * are those of the straightforward form, bit for bit. */
     typedef float v8f __attribute__((vector_size(32)));
     typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+    typedef float v16f __attribute__((vector_size(64)));
+    typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 #define LD(p) (*(const v8fu *)(p))
 #define ST(p, v) (*(v8fu *)(p) = (v))
-    /* y[j] = init_j; then for r < nr: y[j] op= coef(r) * X(r)[j], for j in [0, len) */
+#define LD16(p) (*(const v16fu *)(p))
+#define LO8(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+#define HI8(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)
+    /* y[j] = init_j; then for r < nr: y[j] op= coef(r) * X(r)[j], for j in [0, len). Blocks of 128
+     * (a head's width) run as eight 16-float vectors: where the build has 512-bit registers
+     * (-march=native on an AVX-512 host) that is half the instructions of eight pairs of 8-float
+     * ones, with the same element-wise operations, so the same numbers. */
 #define GDN_SWEEP(len, INIT, NR, COEF, XROW, OP, STORE)                                          \
     do {                                                                                         \
         int64_t j0_ = 0;                                                                         \
+        for (; j0_ + 128 <= (len); j0_ += 128) {                                                 \
+            v16f a_[8];                                                                          \
+            for (int v_ = 0; v_ < 8; v_++) {                                                     \
+                v8f lo_, hi_;                                                                    \
+                { const int64_t j_ = j0_ + 16 * v_; (void)j_; lo_ = INIT; }                      \
+                { const int64_t j_ = j0_ + 16 * v_ + 8; (void)j_; hi_ = INIT; }                  \
+                a_[v_] = __builtin_shufflevector(lo_, hi_, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \
+            }                                                                                    \
+            for (int64_t r_ = 0; r_ < (NR); r_++) {                                              \
+                const float c_ = (COEF);                                                         \
+                const float *x_ = (XROW) + j0_;                                                  \
+                for (int v_ = 0; v_ < 8; v_++) a_[v_] = a_[v_] OP (c_ * LD16(x_ + 16 * v_));     \
+            }                                                                                    \
+            for (int v_ = 0; v_ < 8; v_++) {                                                     \
+                { const int64_t j_ = j0_ + 16 * v_; STORE(j_, LO8(a_[v_])); }                    \
+                { const int64_t j_ = j0_ + 16 * v_ + 8; STORE(j_, HI8(a_[v_])); }                \
+            }                                                                                    \
+        }                                                                                        \
         for (; j0_ + 64 <= (len); j0_ += 64) {                                                   \
             v8f a_[8];                                                                           \
             for (int v_ = 0; v_ < 8; v_++) { const int64_t j_ = j0_ + 8 * v_; (void)j_; a_[v_] = INIT; } \
@@ -223,6 +249,9 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
     }
 #undef LD
 #undef ST
+#undef LD16
+#undef LO8
+#undef HI8
 #undef GDN_SWEEP
 #undef GDN_DOTS
 #undef INIT_U

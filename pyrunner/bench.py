@@ -1,19 +1,24 @@
 """bench.py — `strata bench kernels`: matrix x vector/batch speed of every block format at the
-real model's shapes, next to a memory read-bandwidth probe measured in the same run; and
-`strata bench model`: prefill and decode tokens/s of a model file, optionally against llama.cpp
-(see bench_model()).
+real model's shapes on one kernel path, next to the two yardsticks measured in the same run: the
+memory read bandwidth and that path's int8 multiply-accumulate peak. Each row's share of both says
+which bound holds. And `strata bench model`: prefill and decode tokens/s of a model file,
+optionally against llama.cpp (see bench_model()).
 
-Batch-1 numbers read each weight matrix cold: the benchmark rotates through enough copies of
-the matrix (>= 256 MiB in all) that none is in cache, as in decode, where every expert matrix
-is read once per token. Larger batches reuse one copy (they are compute-bound)."""
+Batch-1 numbers read each weight matrix cold, as in decode, where every expert matrix is read once
+per token: the benchmark rotates through copies of the matrix totalling max(8 x the last-level
+cache, 256 MiB) or more, so a copy has left the cache before its turn comes again (on a CPU with a
+large L3 a 1 MB expert matrix takes hundreds of copies). Larger batches reuse one copy (they are
+compute-bound)."""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 
 from . import quant
-from ._native import Context, check, ffi, lib
+from ._native import Context, check, ffi, isa_best, isa_id, lib
 
 # (label, rows, cols): rows x row length of the real model's matrices.
 SHAPES = [
@@ -25,13 +30,76 @@ SHAPES = [
 BATCHES = (1, 4, 512)
 # Batch 512 on the LM head would take minutes per format: it runs on a row slice.
 LM_HEAD_BATCH_ROWS = 8192
+# The batch-1 rotation: at least LLC_FACTOR last-level caches (a cache keeps some lines of a buffer
+# a few times its size: replacement is not strict LRU), and never less than COLD_BYTES.
 COLD_BYTES = 256 << 20
+LLC_FACTOR = 8
+CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 
 
 def probe_bandwidth(ctx: Context, nbytes: int = 1 << 30, reps: int = 5) -> float:
     g = ffi.new("double *")
     check(lib.strata_probe_read_bandwidth(ctx.ptr, nbytes, reps, g))
     return g[0]
+
+
+def probe_int8_peak(ctx: Context, isa: str) -> float:
+    """G int8 MACs per second of kernel path `isa` on every thread of ctx (strata.h
+    strata_probe_int8_peak says which instructions); raises for a path this CPU cannot run."""
+    g = ffi.new("double *")
+    check(lib.strata_probe_int8_peak(ctx.ptr, isa_id(isa), g))
+    return g[0]
+
+
+def llc_bytes() -> int | None:
+    """Bytes of cpu0's last-level cache: level 3 from sysconf, else the highest data or unified level
+    sysfs lists; None if neither says."""
+    try:
+        n = os.sysconf("SC_LEVEL3_CACHE_SIZE")
+        if n > 0:
+            return n
+    except (ValueError, OSError):
+        pass  # a libc or Python without the name (CPython knows it only where the headers define it)
+    return sysfs_llc_bytes(CACHE_SYSFS)
+
+
+def sysfs_llc_bytes(root: str | Path) -> int | None:
+    """The highest-level data or unified cache under root (sysfs cpuN/cache: index*/{level,type,size},
+    sizes like "49152K")."""
+    best = None
+    for d in Path(root).glob("index*"):
+        try:
+            level = int((d / "level").read_text())
+            kind = (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+            nbytes = int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]] if size[-1] in "KMG" else int(size)
+        except (OSError, ValueError, IndexError):
+            continue
+        if kind != "Instruction" and (best is None or level > best[0]):
+            best = (level, nbytes)
+    return best[1] if best else None
+
+
+def rotation_target(llc: int | None) -> int:
+    """Bytes of copies a batch-1 row rotates through."""
+    return max(LLC_FACTOR * (llc or 0), COLD_BYTES)
+
+
+def rotation_copies(matrix_bytes: int, llc: int | None) -> int:
+    """Copies of a matrix of matrix_bytes that together reach rotation_target(llc) (no upper cap:
+    a small matrix needs many)."""
+    return max(1, -(-rotation_target(llc) // matrix_bytes))
+
+
+def cold_copies(w: bytes, ncopies: int) -> np.ndarray:
+    """ncopies of w as the rows of one buffer (one allocation, not ncopies objects), each at a
+    64-byte aligned offset as GGUF tensors are, every page written before timing."""
+    stride = -(-len(w) // 64) * 64
+    raw = np.empty(ncopies * stride + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    copies = raw[start:start + ncopies * stride].reshape(ncopies, stride)
+    copies[:, :len(w)] = np.frombuffer(w, dtype=np.uint8)
+    return copies
 
 
 def random_weights(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> bytes:
@@ -65,24 +133,26 @@ def _sane_blocks(type_name: str, n_values: int, rng) -> bytes:
     return bytes(out[:nb * ts])
 
 
-def time_matmul(type_name, copies, rows, cols, x, ctx, min_time=0.3):
-    """Best seconds per strata_matmul call over three rounds of >= min_time/3 each, rotating
-    through the copies. Buffers are prepared once: the loop is one C call per matmul."""
+def time_matmul(type_name, copies, rows, cols, x, ctx, isa="auto", min_time=0.3):
+    """Best seconds per strata_matmul call on kernel path isa over three rounds of >= min_time/3
+    each, rotating through the copies (the rows of cold_copies()). Pointers are prepared once: the
+    loop is one C call per matmul."""
     t = quant.type_id(type_name)
-    ws = [ffi.from_buffer(c) for c in copies]
+    nbytes = quant.row_size(type_name, cols) * rows
+    base = ffi.from_buffer(copies)
+    ws = [base + k * copies.strides[0] for k in range(copies.shape[0])]
     xp = ffi.from_buffer("float[]", x)
     y = np.empty((x.shape[0], rows), dtype=np.float32)
     yp = ffi.from_buffer("float[]", y)
     n = x.shape[0]
-    isa = lib.STRATA_ISA_AUTO
-    check(lib.strata_matmul(ctx.ptr, t, ws[0], len(ws[0]), rows, cols, xp, n, yp, isa))  # warm-up
+    isa = isa_id(isa)
+    check(lib.strata_matmul(ctx.ptr, t, ws[0], nbytes, rows, cols, xp, n, yp, isa))  # warm-up
     best = float("inf")
     for _ in range(3):
         k = 0
         t0 = time.perf_counter()
         while True:
-            w = ws[k % len(ws)]
-            lib.strata_matmul(ctx.ptr, t, w, len(w), rows, cols, xp, n, yp, isa)
+            lib.strata_matmul(ctx.ptr, t, ws[k % len(ws)], nbytes, rows, cols, xp, n, yp, isa)
             k += 1
             dt = time.perf_counter() - t0
             if dt >= min_time / 3 or k >= 100000:
@@ -91,50 +161,91 @@ def time_matmul(type_name, copies, rows, cols, x, ctx, min_time=0.3):
     return best
 
 
-def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, log=print) -> dict:
+def _yardsticks(ctx_one: Context, ctx_all: Context, isa: str) -> tuple[dict, dict]:
+    """Read bandwidth (GB/s) and int8 peak (G MAC/s) by thread count."""
+    n = ctx_all.n_threads
+    return ({1: probe_bandwidth(ctx_one), n: probe_bandwidth(ctx_all)},
+            {1: probe_int8_peak(ctx_one, isa), n: probe_int8_peak(ctx_all, isa)})
+
+
+def run(types=None, threads=None, batches=BATCHES, shapes=SHAPES, isa=None, min_time=0.3, log=print) -> dict:
+    """Every (type, shape, batch) on one and on all threads, on kernel path isa (None: isa_best()).
+    Rows give pct_of_probe (weight bytes per second over the read bandwidth) and pct_of_int8_peak
+    (MACs per second, rows x cols x batch / seconds, over the path's int8 peak), each against the
+    better of the yardsticks measured at the start and at the end, and bound: the larger share.
+    Float weights (F32, F16, BF16) multiply with float FMAs, which the int8 peak does not bound: their
+    pct_of_int8_peak and bound are None."""
+    isa = isa or isa_best()
     rng = np.random.default_rng(0)
     ctx_all = Context(threads)
     ctx_one = Context(1)
     nthreads = ctx_all.n_threads
-    # The probe runs at the start and again at the end; the better of the two is the yardstick (a
-    # shared host can slow one of them down; a slow probe would flatter every kernel).
-    probe = {1: probe_bandwidth(ctx_one), nthreads: probe_bandwidth(ctx_all)}
-    log(f"memory read bandwidth: {probe[1]:.1f} GB/s (1 thread), {probe[nthreads]:.1f} GB/s ({nthreads} threads)")
-    probe_start = dict(probe)
+    llc = llc_bytes()
+    rotation = rotation_target(llc)
+    llc_text = f"{llc / 2**20:.1f} MiB" if llc else "unknown (neither sysconf nor sysfs says)"
+    log(f"kernel path {isa}; last-level cache {llc_text}; batch-1 rows rotate through >= {rotation / 2**20:.0f} MiB "
+        f"of copies")
+    # The yardsticks are measured at the start and again at the end; the better of the two counts (a shared
+    # host can slow one of them down, and a slow yardstick would flatter every kernel).
+    probe_start, peak_start = _yardsticks(ctx_one, ctx_all, isa)
+    log(f"memory read bandwidth: {probe_start[1]:.1f} GB/s (1 thread), {probe_start[nthreads]:.1f} GB/s "
+        f"({nthreads} threads); int8 peak ({isa}): {peak_start[1]:.1f} G MAC/s (1 thread), "
+        f"{peak_start[nthreads]:.1f} G MAC/s ({nthreads} threads)")
     results = []
     for type_name in types or quant.supported_types():
-        bs = quant.type_info(type_name)["block_size"]
         for label, rows, cols in shapes:
-            if cols % bs:
+            if cols % quant.type_info(type_name)["block_size"]:
                 continue
             for batch in batches:
                 r = rows if not (label == "lm head" and batch > 4) else min(rows, LM_HEAD_BATCH_ROWS)
                 w = random_weights(type_name, r, cols, rng)
-                ncopies = max(1, min(64, COLD_BYTES // len(w))) if batch == 1 else 1
-                # distinct buffers (bytes(w) would return w itself): batch 1 must read cold memory
-                copies = [w] + [bytearray(w) for _ in range(ncopies - 1)]
+                nbytes = len(w)
+                ncopies = rotation_copies(nbytes, llc) if batch == 1 else 1
+                copies = cold_copies(w, ncopies)
+                del w  # the copies hold it (an LM head in F32 is 2.5 GB)
                 x = rng.standard_normal((batch, cols), dtype=np.float32)
                 for ctx, nt in ((ctx_one, 1), (ctx_all, nthreads)):
-                    s = time_matmul(type_name, copies, r, cols, x, ctx)
+                    s = time_matmul(type_name, copies, r, cols, x, ctx, isa, min_time)
                     row = {"type": type_name, "shape": label, "rows": r, "cols": cols, "batch": batch,
-                           "threads": nt, "seconds": s, "weight_gbps": len(w) / s / 1e9,
-                           "gflops": 2.0 * r * cols * batch / s / 1e9}
+                           "threads": nt, "isa": isa, "seconds": s, "weight_gbps": nbytes / s / 1e9,
+                           "gflops": 2.0 * r * cols * batch / s / 1e9, "gmacs": r * cols * batch / s / 1e9,
+                           "rotation_bytes": ncopies * nbytes}
+                    _shares(row, probe_start[nt], peak_start[nt])
                     results.append(row)
+                    peak_text = (f"{row['pct_of_int8_peak']:5.1f}% of int8 peak" if row["bound"]
+                                 else "float FMAs (no int8 peak)")
                     log(f"{type_name:8s} {label:15s} {r:6d}x{cols:<5d} b={batch:<3d} t={nt} "
                         f"{row['weight_gbps']:7.2f} GB/s {row['gflops']:8.2f} GFLOP/s "
-                        f"({100.0 * row['weight_gbps'] / probe[nt]:5.1f}% of the first probe)")
+                        f"{row['pct_of_probe']:5.1f}% of bandwidth {peak_text} {row['bound'] or ''}")
                 del copies
-    probe_end = {1: probe_bandwidth(ctx_one), nthreads: probe_bandwidth(ctx_all)}
+    probe_end, peak_end = _yardsticks(ctx_one, ctx_all, isa)
     probe = {k: max(probe_start[k], probe_end[k]) for k in probe_start}
-    log(f"memory read bandwidth at the end: {probe_end[1]:.1f} GB/s (1 thread), {probe_end[nthreads]:.1f} GB/s "
-        f"({nthreads} threads); percentages use the better of the two")
+    peak = {k: max(peak_start[k], peak_end[k]) for k in peak_start}
+    log(f"at the end: {probe_end[1]:.1f} GB/s (1 thread), {probe_end[nthreads]:.1f} GB/s ({nthreads} threads); "
+        f"int8 peak {peak_end[1]:.1f} G MAC/s (1 thread), {peak_end[nthreads]:.1f} G MAC/s ({nthreads} threads). "
+        f"The lines above used the first yardsticks; the results use the better of the two")
     for row in results:
-        row["probe_gbps"] = probe[row["threads"]]
-        row["pct_of_probe"] = 100.0 * row["weight_gbps"] / row["probe_gbps"]
-    return {"probe_gbps": {str(k): v for k, v in probe.items()},
-            "probe_gbps_start": {str(k): v for k, v in probe_start.items()},
-            "probe_gbps_end": {str(k): v for k, v in probe_end.items()},
+        _shares(row, probe[row["threads"]], peak[row["threads"]])
+
+    def by_threads(d):
+        return {str(k): v for k, v in d.items()}
+    return {"isa": isa, "llc_bytes": llc, "rotation_bytes": rotation,
+            "probe_gbps": by_threads(probe), "probe_gbps_start": by_threads(probe_start),
+            "probe_gbps_end": by_threads(probe_end), "int8_peak_gmacs": by_threads(peak),
+            "int8_peak_gmacs_start": by_threads(peak_start), "int8_peak_gmacs_end": by_threads(peak_end),
             "threads": nthreads, "results": results}
+
+
+def _shares(row: dict, probe_gbps: float, peak_gmacs: float) -> None:
+    """A row's share of each yardstick and the bound that holds (the larger share)."""
+    row["probe_gbps"] = probe_gbps
+    row["pct_of_probe"] = 100.0 * row["weight_gbps"] / probe_gbps
+    row["int8_peak_gmacs"] = peak_gmacs
+    if quant.type_info(row["type"])["act_block"] > 1:  # int8 dot products (float activations: act_block 1)
+        row["pct_of_int8_peak"] = 100.0 * row["gmacs"] / peak_gmacs
+        row["bound"] = "memory" if row["pct_of_probe"] >= row["pct_of_int8_peak"] else "compute"
+    else:
+        row["pct_of_int8_peak"] = row["bound"] = None
 
 
 # ------------------------------------------------------------------------------------------ bench model

@@ -193,14 +193,28 @@ def bench():
     """Benchmarks (they measure; nothing here asserts a speed)."""
 
 
+def _kernel_path(ctx, param, value):
+    """--isa: a kernel path this machine runs (click option callback)."""
+    from ._native import ISA_NAMES, isa_paths
+
+    if value is not None and value not in isa_paths():
+        what = "this CPU, its OS or this build cannot run it" if value in ISA_NAMES else "not a kernel path"
+        raise click.BadParameter(f"{value!r}: {what}; this machine runs {', '.join(isa_paths())}")
+    return value
+
+
 @bench.command("kernels")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--types", default=None, help="Comma-separated type names (default: every supported type).")
 @click.option("--threads", type=int, default=None, envvar="STRATA_THREADS", help="Threads for the all-threads runs.")
 @click.option("--batches", default="1,4,512", show_default=True, help="Comma-separated batch sizes.")
-def bench_kernels(as_json, types, threads, batches):
+@click.option("--isa", default=None, callback=_kernel_path,
+              help="Kernel path to measure, one this machine runs (default: the best, or the one STRATA_ISA names).")
+def bench_kernels(as_json, types, threads, batches, isa):
     """Matrix x vector / small batch / large batch for every block format at the real model's
-    shapes, one and all threads, with a memory read-bandwidth probe from the same run."""
+    shapes, one and all threads, on one kernel path, with the two bounds measured in the same run:
+    memory read bandwidth and the path's int8 multiply-accumulate peak. Each row gives its share of
+    both and which bound holds (the larger share)."""
     from . import bench as b
     from . import quant
     from ._native import StrataError
@@ -212,7 +226,7 @@ def bench_kernels(as_json, types, threads, batches):
         if bad:
             raise click.ClickException(f"unknown or unsupported types {bad}; supported: {sorted(known)}")
     try:
-        res = b.run(types=names, threads=threads, batches=tuple(int(x) for x in batches.split(",")),
+        res = b.run(types=names, threads=threads, batches=tuple(int(x) for x in batches.split(",")), isa=isa,
                     log=(lambda s: click.echo(s, err=True)) if as_json else click.echo)
     except StrataError as e:
         raise _fail(e) from None

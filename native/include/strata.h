@@ -114,6 +114,16 @@ int32_t strata_context_n_threads(const strata_context *ctx);
  * measured against. */
 strata_status strata_probe_read_bandwidth(strata_context *ctx, uint64_t bytes, int32_t reps,
                                           double *gbps);
+/* The int8 multiply-accumulate peak of kernel path isa (AUTO: strata_isa_best()) on every thread
+ * of ctx (NULL: the caller only), best pass, in G MAC/s (1e9 int8 products summed per second):
+ * the compute yardstick the kernels are measured against. Independent accumulator chains of the
+ * path's int8 dot instruction on operands in L1: AVX2 vpmaddubsw + vpmaddwd + vpaddd (32 MACs per
+ * 256-bit vpmaddubsw), AVX512 vpdpbusd zmm (64 MACs); SCALAR a plain C int8 dot loop as this build
+ * compiles the portable kernels (vectorised under STRATA_NATIVE). A path without a loop of its
+ * own measures its fallback's: AVX_VNNI that of AVX2, AMX that of AVX512 (tiles are not probed).
+ * Takes about 0.1 s. Fails with STRATA_ERR_UNSUPPORTED for a path this CPU cannot run
+ * (strata_isa_supported), STRATA_ERR_INVALID_ARG for an unknown isa or a NULL gmacs. */
+strata_status strata_probe_int8_peak(strata_context *ctx, strata_isa isa, double *gmacs);
 
 /* ---------------------------------------------------------------- block formats */
 

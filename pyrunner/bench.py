@@ -283,10 +283,15 @@ def _rates(load_s: float, prefill_s: float, decode_s: float, prompt_tokens: int,
             "decode_tps": generated / decode_s if decode_s > 0 else 0.0}
 
 
+# A one-shot `strata generate` pays the load and then the first tokenize (which builds the tokenizer's tables)
+# before its first token (issue 17.5): the bench times that call on the model's own vocabulary.
+TOKENIZE_PROBE = "Hello, world! It's 2026; 自然语言处理 — こんにちは"
+
+
 def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threads: int, kv_type: str,
                 n_ctx: int) -> tuple:
-    """Load, prefill, decode; returns (rates, prompt ids, generated ids). The prompt is sized by the model's
-    n_vocab."""
+    """Load, the first tokenize (of TOKENIZE_PROBE), prefill, decode; returns (rates + tokenize_first_s, prompt
+    ids, generated ids). The prompt is sized by the model's n_vocab."""
     from ._native import StrataError
     from .model import Model
 
@@ -297,6 +302,9 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
         raise BenchError(f"Strata could not load {path}: {e}") from None
     try:
         load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model.tokenize(TOKENIZE_PROBE)
+        tokenize_first_s = time.perf_counter() - t0
         ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
         sess = model.session()
         t0 = time.perf_counter()
@@ -309,7 +317,8 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
             out.append(tok)
             logits = sess.eval([tok])
         decode_s = time.perf_counter() - t0
-        return _rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), ids, out
+        return {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s}, \
+            ids, out
     finally:
         model.close()
 
@@ -349,7 +358,9 @@ def _llama_run(path: str, ids: list[int], gen_tokens: int, threads: int, kv_type
             llm.eval([tok])
             logits = last_logits()
         decode_s = time.perf_counter() - t0
-        return _rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), out
+        # the ISA features this llama.cpp build runs with ("AVX2 = 1 | AVX512 = 1 | ..."), for the report
+        info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+        return _rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), out, info
     finally:
         llm.close()
 
@@ -358,7 +369,8 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
                 vs_llama_cpp: bool = False, seed: int = 0, log=print) -> dict:
     """Returns {"settings": {...}, "strata": RATES, and with vs_llama_cpp "llama_cpp": RATES, "ratios":
     {"prefill_tps", "decode_tps"} (Strata / llama.cpp), "same_tokens" (whether both decoded the same greedy
-    tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}.
+    tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}
+    and for Strata also tokenize_first_s (the session's first tokenize, after the load).
     When llama.cpp crashes (or times out, or exits), "llama_cpp" is {"error": its message}, and there are no
     ratios and no same_tokens."""
     import os
@@ -370,8 +382,10 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
     if kv_type not in KV_TYPES:
         raise BenchError(f"--kv-type {kv_type!r}: choose one of {', '.join(KV_TYPES)}")
     n_ctx = prompt_tokens + gen_tokens + 16
+    from ._native import isa_best
+
     settings = {"model": path, "threads": threads, "prompt_tokens": prompt_tokens,
-                "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed}
+                "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed, "strata_isa": isa_best()}
     log(f"strata: {prompt_tokens}-token prefill, {gen_tokens} decode steps, {threads} threads, kv {kv_type}")
     strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx)
     res = {"settings": settings, "strata": strata}
@@ -382,11 +396,13 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
         k, v, flash = _LLAMA_KV[kv_type]
         settings["llama_cpp_kv"] = f"K {_GGML_NAME[k]}, V {_GGML_NAME[v]}, flash attention {'on' if flash else 'off'}"
         try:
-            llama, llama_tokens = call(_llama_run, (path, ids, gen_tokens, threads, kv_type, n_ctx), gguf=path)
+            llama, llama_tokens, info = call(_llama_run, (path, ids, gen_tokens, threads, kv_type, n_ctx), gguf=path)
         except (LlamaCrash, LlamaTimeout, LlamaChildError) as e:
             res["llama_cpp"] = {"error": str(e)}       # the caller reports it (the CLI: on stderr, exit 1)
             return res
         res["llama_cpp"] = llama
+        settings["llama_cpp_cpu"] = " ".join(f.split(" = ")[0].strip() for f in info.replace("CPU :", "|").split("|")
+                                             if f.strip().endswith("= 1"))
         res["ratios"] = {k: (strata[k] / llama[k] if llama[k] > 0 else None) for k in ("prefill_tps", "decode_tps")}
         res["same_tokens"] = strata_tokens == llama_tokens
     return res
@@ -400,14 +416,20 @@ def format_model_table(res: dict) -> str:
     lines = [f"{s['model']}: {s['prompt_tokens']}-token prompt, {s['gen_tokens']} generated, {s['threads']} threads, "
              f"kv {s['kv_type']}",
              f"{'engine':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'prefill s':>10s} {'decode s':>9s} "
-             f"{'load s':>7s}"]
+             f"{'load s':>7s} {'1st tokenize s':>14s}"]
     for name, r in rows:
+        first = f"{r['tokenize_first_s']:14.4f}" if "tokenize_first_s" in r else f"{'-':>14s}"
         lines.append(f"{name:10s} {r['prefill_tps']:14.2f} {r['decode_tps']:13.2f} {r['prefill_s']:10.3f} "
-                     f"{r['decode_s']:9.3f} {r['load_s']:7.2f}")
+                     f"{r['decode_s']:9.3f} {r['load_s']:7.2f} {first}")
     if llama and "error" in llama:
         lines.append(f"{'llama.cpp':10s} no figures ({llama['error'].split(';')[0]})")
     if "llama_cpp_kv" in s:
         lines[0] += f" (llama.cpp KV: {s['llama_cpp_kv']})"
+    isa = f"kernel paths: strata {s['strata_isa']}" if "strata_isa" in s else ""
+    if "llama_cpp_cpu" in s:
+        isa += f"; llama.cpp built with {s['llama_cpp_cpu']}"
+    if isa:
+        lines.insert(1, isa)
     if "ratios" in res:
         rt = res["ratios"]
 

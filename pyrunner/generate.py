@@ -197,10 +197,9 @@ def end_of_generation_ids(model) -> frozenset[int]:
     cached = _eog_cache.get(model)
     if cached is not None:
         return cached
-    md = model.metadata
     ids = set()
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        v = md.get(key)
+        v = model.metadata_value(key)
         if isinstance(v, (int, np.integer)) and 0 <= int(v) < model.n_vocab:
             ids.add(int(v))
     for text in _EOG_TEXTS:

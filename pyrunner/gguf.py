@@ -36,6 +36,56 @@ class _MappedBytes(np.ndarray):
     """Bytes of a mapped tensor; holds the GGUFFile whose mapping they are in."""
 
 
+def _value(g, v):
+    """A strata_gguf_value of open file g as Python: str, int, float, bool, or a list."""
+    t = v.type
+    if t == lib.STRATA_GGUF_STRING:
+        return ffi.unpack(ffi.cast("const char *", v.data), v.count).decode("utf-8", "replace")
+    if t == lib.STRATA_GGUF_ARRAY:
+        et = v.elem_type
+        if et in _NP:
+            buf = ffi.buffer(v.data, v.count * np.dtype(_NP[et]).itemsize) if v.count else b""
+            return np.frombuffer(bytes(buf), dtype=np.dtype(_NP[et]).newbyteorder("<")).tolist()
+        if et == lib.STRATA_GGUF_STRING and v.count:
+            return _strings(g, v)
+        out = []
+        e = ffi.new("strata_gguf_value *")
+        for i in range(v.count):
+            check(lib.strata_gguf_array_get(g, ffi.addressof(v), i, e))
+            out.append(_value(g, e[0]))
+        return out
+    dt = np.dtype(_NP[t]).newbyteorder("<")
+    return np.frombuffer(bytes(ffi.buffer(v.data, dt.itemsize)), dtype=dt)[0].item()
+
+
+def _strings(g, v) -> list[str]:
+    """An array of strings in one read: its elements lie back to back in the file
+    (u64 length, bytes), from element 0 to the end of the last one."""
+    first = ffi.new("strata_gguf_value *")
+    last = ffi.new("strata_gguf_value *")
+    check(lib.strata_gguf_array_get(g, ffi.addressof(v), 0, first))
+    check(lib.strata_gguf_array_get(g, ffi.addressof(v), v.count - 1, last))
+    start = ffi.cast("const char *", first.data) - 8
+    span = (last.offset + 8 + last.count) - first.offset
+    raw = ffi.buffer(start, span)[:]
+    out, pos = [], 0
+    for _ in range(v.count):
+        n = int.from_bytes(raw[pos:pos + 8], "little")
+        out.append(raw[pos + 8:pos + 8 + n].decode("utf-8", "replace"))
+        pos += 8 + n
+    return out
+
+
+def value_of(g, key: str, default=None):
+    """One key of an open strata_gguf (a GGUFFile's, or strata_model_gguf's), or default if absent."""
+    idx = ffi.new("int64_t *")
+    if lib.strata_gguf_find_kv(g, key.encode(), idx) != lib.STRATA_OK:
+        return default
+    k, kl, v = ffi.new("const char **"), ffi.new("uint64_t *"), ffi.new("strata_gguf_value *")
+    check(lib.strata_gguf_kv(g, idx[0], k, kl, v))
+    return _value(g, v[0])
+
+
 class GGUFFile:
     """An open GGUF (or a split set opened through its first file)."""
 
@@ -57,42 +107,10 @@ class GGUFFile:
     def alignment(self) -> int:
         return lib.strata_gguf_alignment(self._g)
 
-    def _value(self, v):
-        t = v.type
-        if t == lib.STRATA_GGUF_STRING:
-            return ffi.unpack(ffi.cast("const char *", v.data), v.count).decode("utf-8", "replace")
-        if t == lib.STRATA_GGUF_ARRAY:
-            et = v.elem_type
-            if et in _NP:
-                buf = ffi.buffer(v.data, v.count * np.dtype(_NP[et]).itemsize) if v.count else b""
-                return np.frombuffer(bytes(buf), dtype=np.dtype(_NP[et]).newbyteorder("<")).tolist()
-            if et == lib.STRATA_GGUF_STRING and v.count:
-                return self._strings(v)
-            out = []
-            e = ffi.new("strata_gguf_value *")
-            for i in range(v.count):
-                check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), i, e))
-                out.append(self._value(e[0]))
-            return out
-        dt = np.dtype(_NP[t]).newbyteorder("<")
-        return np.frombuffer(bytes(ffi.buffer(v.data, dt.itemsize)), dtype=dt)[0].item()
-
-    def _strings(self, v) -> list[str]:
-        """An array of strings in one read: its elements lie back to back in the file
-        (u64 length, bytes), from element 0 to the end of the last one."""
-        first = ffi.new("strata_gguf_value *")
-        last = ffi.new("strata_gguf_value *")
-        check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), 0, first))
-        check(lib.strata_gguf_array_get(self._g, ffi.addressof(v), v.count - 1, last))
-        start = ffi.cast("const char *", first.data) - 8
-        span = (last.offset + 8 + last.count) - first.offset
-        raw = ffi.buffer(start, span)[:]
-        out, pos = [], 0
-        for _ in range(v.count):
-            n = int.from_bytes(raw[pos:pos + 8], "little")
-            out.append(raw[pos + 8:pos + 8 + n].decode("utf-8", "replace"))
-            pos += 8 + n
-        return out
+    def get(self, key: str, default=None):
+        """One key's value (as metadata() gives it), or default when the file has no such key:
+        without unpacking the other keys (the tokenizer's arrays are 750k strings)."""
+        return value_of(self._g, key, default)
 
     def metadata(self) -> dict:
         md = {}
@@ -101,7 +119,7 @@ class GGUFFile:
         val = ffi.new("strata_gguf_value *")
         for i in range(lib.strata_gguf_n_kv(self._g)):
             check(lib.strata_gguf_kv(self._g, i, key, klen, val))
-            md[ffi.unpack(key[0], klen[0]).decode("utf-8", "replace")] = self._value(val[0])
+            md[ffi.unpack(key[0], klen[0]).decode("utf-8", "replace")] = _value(self._g, val[0])
         return md
 
     def tensors(self) -> list[dict]:

@@ -16,12 +16,14 @@ at byte N"); Python passes such text on as the caller's bytes so that N counts i
 from __future__ import annotations
 
 import codecs
+import os
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from ._native import StrataError, check, ffi, last_error, lib
+from .gguf import value_of
 
 PRE = {"qwen2": lib.STRATA_TOKENIZER_PRE_QWEN2, "qwen35": lib.STRATA_TOKENIZER_PRE_QWEN35}
 # Pre-tokenizer names other tools write for the same two patterns.
@@ -49,6 +51,15 @@ def _raw_surrogates(e: UnicodeEncodeError) -> tuple[bytes, int]:
 
 
 codecs.register_error("strata.raw_surrogates", _raw_surrogates)
+
+
+def _gguf_scalar(g, key: str, default=None):
+    """One string, integer or bool key of an open strata_gguf, or default when absent: what the
+    tokenizer needs besides its arrays, read without GGUFFile.metadata() unpacking every array."""
+    v = value_of(g, key, default)
+    if isinstance(v, list):
+        raise ValueError(f"{key} is an array, not a string, integer or bool")
+    return v
 
 
 def _pack(strings: Sequence[str | bytes]) -> tuple[bytes, np.ndarray]:
@@ -81,12 +92,35 @@ class Tokenizer:
                  merges: Sequence[str] = (), pre: str = "qwen2", normalizer: str = "NFC",
                  bos_id: int | None = None, eos_id: int | None = None, add_bos: bool = False,
                  add_eos: bool = False, ignore_merges: bool = True):
+        params = self._params(pre, ignore_merges)
+        self._specials(len(tokens), normalizer, bos_id, eos_id, add_bos, add_eos)
+        tdata, tlens = _pack(tokens)
+        types = None
+        if token_types is not None:
+            if len(token_types) != len(tokens):
+                raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
+            types = np.ascontiguousarray(token_types, dtype=np.int32)
+        mdata, mlens = _pack(merges)
+        out = ffi.new("strata_tokenizer **")
+        check(lib.strata_tokenizer_init(
+            ffi.from_buffer(tdata), ffi.from_buffer("uint32_t[]", tlens),
+            ffi.from_buffer("int32_t[]", types) if types is not None else ffi.NULL, len(tokens),
+            ffi.from_buffer(mdata), ffi.from_buffer("uint32_t[]", mlens), len(merges), params, out))
+        self._t = ffi.gc(out[0], lib.strata_tokenizer_free)
+
+    def _params(self, pre: str, ignore_merges: bool):
         pre = _PRE_ALIASES.get(pre, pre)
         if pre not in PRE:
             raise ValueError(f"pre-tokenizer {pre!r} is not supported; Strata knows {sorted(PRE)}")
         self.pre = pre
+        params = ffi.new("strata_tokenizer_params *", lib.strata_tokenizer_default_params())
+        params.pre = PRE[pre]
+        params.ignore_merges = 1 if ignore_merges else 0
+        return params
+
+    def _specials(self, n_vocab: int, normalizer: str, bos_id, eos_id, add_bos: bool, add_eos: bool) -> None:
         self.normalizer = _normalizer_name(normalizer)
-        self.n_vocab = len(tokens)
+        self.n_vocab = n_vocab
         for name, v in (("bos_id", bos_id), ("eos_id", eos_id)):
             if v is not None and not 0 <= v < self.n_vocab:
                 raise ValueError(f"{name} {v} is outside the vocabulary (0..{self.n_vocab - 1})")
@@ -95,51 +129,68 @@ class Tokenizer:
         if add_eos and eos_id is None:
             raise ValueError("add_eos is set but the tokenizer has no eos_id")
         self.bos_id, self.eos_id, self.add_bos, self.add_eos = bos_id, eos_id, add_bos, add_eos
-        tdata, tlens = _pack(tokens)
-        types = None
-        if token_types is not None:
-            if len(token_types) != len(tokens):
-                raise ValueError(f"{len(token_types)} token types for {len(tokens)} tokens")
-            types = np.ascontiguousarray(token_types, dtype=np.int32)
-        self.token_types = types
-        mdata, mlens = _pack(merges)
-        params = ffi.new("strata_tokenizer_params *", lib.strata_tokenizer_default_params())
-        params.pre = PRE[pre]
-        params.ignore_merges = 1 if ignore_merges else 0
-        out = ffi.new("strata_tokenizer **")
-        check(lib.strata_tokenizer_init(
-            ffi.from_buffer(tdata), ffi.from_buffer("uint32_t[]", tlens),
-            ffi.from_buffer("int32_t[]", types) if types is not None else ffi.NULL, len(tokens),
-            ffi.from_buffer(mdata), ffi.from_buffer("uint32_t[]", mlens), len(merges), params, out))
-        self._t = ffi.gc(out[0], lib.strata_tokenizer_free)
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_metadata(cls, md: dict, source: str = "metadata") -> "Tokenizer":
-        """From GGUF metadata as pyrunner.gguf.GGUFFile.metadata() returns it."""
-        model = md.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; Strata reads byte-level BPE (gpt2)")
+        """From GGUF metadata as pyrunner.gguf.GGUFFile.metadata() returns it (Python lists:
+        slow on a real vocabulary; from_gguf reads the file's arrays natively)."""
+        get = md.get
+        cls._check_model(get, source)
         if "tokenizer.ggml.tokens" not in md:
             raise ValueError(f"{source}: no tokenizer.ggml.tokens; convert the model with its tokenizer files")
-        pre = md.get("tokenizer.ggml.pre", "qwen2")
-        # Qwen's HF tokenizers normalise with NFC; a GGUF from llama.cpp does not record it.
-        norm = md.get("strata.tokenizer_normalizer", "NFC")
         try:
             return cls(md["tokenizer.ggml.tokens"], md.get("tokenizer.ggml.token_type"),
-                       md.get("tokenizer.ggml.merges", []), pre=pre, normalizer=norm,
-                       bos_id=md.get("tokenizer.ggml.bos_token_id"), eos_id=md.get("tokenizer.ggml.eos_token_id"),
-                       add_bos=bool(md.get("tokenizer.ggml.add_bos_token", False)),
-                       add_eos=bool(md.get("tokenizer.ggml.add_eos_token", False)))
+                       md.get("tokenizer.ggml.merges", []), pre=get("tokenizer.ggml.pre", "qwen2"),
+                       **cls._special_keys(get))
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
 
+    @staticmethod
+    def _check_model(get, source: str) -> None:
+        model = get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"{source}: tokenizer.ggml.model is {model!r}; Strata reads byte-level BPE (gpt2)")
+
+    @staticmethod
+    def _special_keys(get) -> dict:
+        """The scalar keys besides the arrays, as keyword arguments; get(key, default) reads one."""
+        # Qwen's HF tokenizers normalise with NFC; a GGUF from llama.cpp does not record it.
+        return dict(normalizer=get("strata.tokenizer_normalizer", "NFC"),
+                    bos_id=get("tokenizer.ggml.bos_token_id"), eos_id=get("tokenizer.ggml.eos_token_id"),
+                    add_bos=bool(get("tokenizer.ggml.add_bos_token", False)),
+                    add_eos=bool(get("tokenizer.ggml.add_eos_token", False)))
+
     @classmethod
     def from_gguf(cls, path) -> "Tokenizer":
-        from .gguf import GGUFFile
+        """From a GGUF file: the tables are built natively from the mapped tokenizer.ggml.*
+        arrays (strata_tokenizer_init_gguf), which are never unpacked into Python objects."""
+        out = ffi.new("strata_gguf **")
+        check(lib.strata_gguf_open(os.fsencode(path), out))
+        g = ffi.gc(out[0], lib.strata_gguf_close)
+        return cls.from_gguf_handle(g, str(path))
 
-        return cls.from_metadata(GGUFFile(path).metadata(), str(path))
+    @classmethod
+    def from_gguf_handle(cls, g, source: str = "GGUF") -> "Tokenizer":
+        """From an open `strata_gguf *` (Model passes strata_model_gguf's); the tokenizer does not
+        refer to it afterwards. source names the file in messages."""
+        def get(key, default=None):
+            return _gguf_scalar(g, key, default)
+
+        cls._check_model(get, source)
+        self = cls.__new__(cls)
+        try:
+            params = self._params(get("tokenizer.ggml.pre", "qwen2"), True)
+            out = ffi.new("strata_tokenizer **")
+            check(lib.strata_tokenizer_init_gguf(g, params, out))
+            self._t = ffi.gc(out[0], lib.strata_tokenizer_free)
+            self._specials(lib.strata_tokenizer_n_tokens(self._t), **cls._special_keys(get))
+        except StrataError as e:
+            raise type(e)(e.status, f"{source}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+        return self
 
     @classmethod
     def from_vocab(cls, vocab: dict[str, int], merges: Sequence[str | Sequence[str]],

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from pyrunner import bench
+from pyrunner._native import ISA_NAMES
 from pyrunner.cli import main
 from pyrunner.models import make_model
 
@@ -26,8 +27,10 @@ def tiny(tmp_path_factory) -> Path:
     return out
 
 
-def _check_rates(r: dict, prompt: int, gen: int) -> None:
-    assert set(r) == RATE_KEYS
+def _check_rates(r: dict, prompt: int, gen: int, strata: bool = False) -> None:
+    assert set(r) == RATE_KEYS | ({"tokenize_first_s"} if strata else set())
+    if strata:
+        assert r["tokenize_first_s"] > 0
     assert r["prompt_tokens"] == prompt and r["generated_tokens"] == gen
     for k in ("prefill_s", "decode_s", "prefill_tps", "decode_tps"):
         assert r[k] > 0, k
@@ -42,13 +45,14 @@ def test_json_vs_llama_cpp(tiny):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)                 # progress lines go to stderr
     assert {"strata", "llama_cpp", "ratios", "settings", "same_tokens"} <= set(out)
-    _check_rates(out["strata"], 24, 6)
+    _check_rates(out["strata"], 24, 6, strata=True)
     _check_rates(out["llama_cpp"], 24, 6)
     for k in ("prefill_tps", "decode_tps"):
         assert out["ratios"][k] == pytest.approx(out["strata"][k] / out["llama_cpp"][k])
     s = out["settings"]
     assert (s["threads"], s["prompt_tokens"], s["gen_tokens"], s["kv_type"]) == (2, 24, 6, "f16")
     assert s["llama_cpp_kv"] == "K f16, V f16, flash attention off"
+    assert s["strata_isa"] in ISA_NAMES and s["llama_cpp_cpu"], s   # the ISA each side used
     assert isinstance(out["same_tokens"], bool)
 
 
@@ -65,7 +69,7 @@ def test_llama_cpp_crash_keeps_stratas_figures_and_exits_1(tiny, monkeypatch):
     res = CliRunner().invoke(main, args + ["--json"])
     assert res.exit_code == 1, res.output
     out = json.loads(res.stdout)
-    _check_rates(out["strata"], 12, 3)
+    _check_rates(out["strata"], 12, 3, strata=True)
     assert set(out["llama_cpp"]) == {"error"} and out["llama_cpp"]["error"].startswith(want)
     assert "ratios" not in out and "same_tokens" not in out
     assert want in res.stderr and "Traceback" not in res.output

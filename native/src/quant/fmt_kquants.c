@@ -25,6 +25,7 @@
 
 #include "quant_tables.h"
 #include "../kernels/cpu/avx2_kquants.h"
+#include "../kernels/cpu/avx512_kquants.h"
 
 /* ---------------------------------------------------------------- code unpacking
  * Each unpacker turns one block into integer codes q[256] (the value the format multiplies
@@ -286,11 +287,20 @@ KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, unpack_iq4_xs, 8, 32, 0)
 #define KQ_AVX2(f) NULL
 #endif
 
+/* AVX-512 has its own vec_dot (avx512_kquants.c); its dequant slot takes the AVX2 one. */
+#if STRATA_HAVE_AVX512
+#define KQ_AVX512(f) strata_avx512_##f
+#else
+#define KQ_AVX512(f) NULL
+#endif
+
 #define KQ_TRAITS(NAME, TYPE, BLOCK, fn)                                                      \
     (strata_qtraits) {                                                                        \
         .name = NAME, .type = TYPE, .block_size = QK_K, .type_size = (int32_t)sizeof(BLOCK),  \
         .act = STRATA_ACT_Q8_256, .dequant = {dequant_##fn, KQ_AVX2(dequant_##fn)},           \
-        .vec_dot = {vec_dot_##fn, KQ_AVX2(vec_dot_##fn)}, .quantize = NULL                    \
+        .vec_dot = {[STRATA_ISA_IDX_SCALAR] = vec_dot_##fn, [STRATA_ISA_IDX_AVX2] = KQ_AVX2(vec_dot_##fn), \
+                    [STRATA_ISA_IDX_AVX512] = KQ_AVX512(vec_dot_##fn)},                       \
+        .quantize = NULL                                                                      \
     }
 
 _Static_assert(sizeof(kq_block_q2_k) == 84, "Q2_K block");

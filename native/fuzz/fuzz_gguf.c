@@ -1,5 +1,6 @@
 /*
- * fuzz_gguf.c — libFuzzer target for the GGUF reader (strata_gguf_open_memory).
+ * fuzz_gguf.c — libFuzzer target for the GGUF reader (strata_gguf_open_memory) and the tokenizer
+ * built from a file's arrays (strata_tokenizer_init_gguf).
  *
  * Each input is parsed as a GGUF; a rejected input must fail with STRATA_ERR_FORMAT and a
  * message that starts with the name we passed. An accepted one is walked completely: every
@@ -123,6 +124,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         require(g != NULL);
         require(strata_gguf_version(g) == 2 || strata_gguf_version(g) == 3);
         walk(g, size);
+        /* the tokenizer read straight from the file's tokenizer.ggml.* arrays: built, or refused with
+         * a format error (a file without them, wrong types, bad entries), never a crash */
+        strata_tokenizer *tok = NULL;
+        const strata_status ts = strata_tokenizer_init_gguf(g, NULL, &tok);
+        require(ts == STRATA_OK ? tok != NULL : tok == NULL);
+        if (tok) {
+            int32_t ids[64];
+            uint64_t need = 0;
+            (void)strata_tokenizer_encode(tok, "fuzz, 123 text", 14, 1, ids, 64, &need);
+            strata_tokenizer_free(tok);
+        }
         strata_gguf_close(g);
     } else {
         require(st == STRATA_ERR_FORMAT && g == NULL);

@@ -19,12 +19,14 @@
  *          sub-block j and s_j its scale (s_j * i_j is exact in float):
  *            t0 = fmaf(s0, i0, s1 * i1), t1 = fmaf(s2, i2, s3 * i3)
  *            acc = fmaf(t0, dx[2b], acc); acc = fmaf(t1, dx[2b+1], acc)      (lane b % 8)
- * The AVX2 path (kernels/cpu/avx2_fp4.c) does the same operations in the same order.
+ * The AVX2 path (kernels/cpu/avx2_fp4.c) and the AVX-512 one (avx512_fp4.c, avx512_q8.h) do the
+ * same float operations in the same order.
  */
 #include "quant.h"
 
 #include "quant_tables.h"
 #include "../kernels/cpu/avx2_fp4.h"
+#include "../kernels/cpu/avx512_fp4.h"
 
 /* ---------------------------------------------------------------- dequantization */
 
@@ -132,14 +134,22 @@ static void vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t x_stri
 #else
 #define AVX2_FN(f) NULL
 #endif
+#if STRATA_HAVE_AVX512
+#define AVX512_FN(f) f
+#else
+#define AVX512_FN(f) NULL
+#endif
 
 #define FP4(T, NAME, BS, TS, FN)                                                               \
     t[T] = (strata_qtraits){.name = NAME, .type = T, .block_size = BS, .type_size = TS,        \
                             .act = STRATA_ACT_Q8_32,                                           \
                             .dequant = {dequant_##FN, AVX2_FN(strata_avx2_dequant_##FN)},      \
-                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN)},       \
-                            .rows = {NULL, AVX2_FN(strata_avx2_rows_##FN)},                     \
-                            .rows_when = {0, STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1}}
+                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN),         \
+                                        [STRATA_ISA_IDX_AVX512] = AVX512_FN(strata_avx512_vec_dot_##FN)},       \
+                            .rows = {NULL, AVX2_FN(strata_avx2_rows_##FN),                      \
+                                     [STRATA_ISA_IDX_AVX512] = AVX512_FN(strata_avx512_rows_##FN)},     \
+                            .rows_when = {0, STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1,                   \
+                                          [STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1}}
 
 void strata_quant_register_fp4(strata_qtraits *t) {
     FP4(GT_IQ4_NL, "IQ4_NL", 32, 18, iq4_nl);

@@ -14,11 +14,13 @@
  * lane b % 8:
  *   acc = fmaf(d * dx, (float)sumi, acc)
  *   Q4_1/Q5_1 also: acc = fmaf(m * dx, (float)sum(qx), acc)
- * The AVX2 path (kernels/cpu/avx2_legacy.c) does the same operations in the same order.
+ * The AVX2 path (kernels/cpu/avx2_legacy.c) and the AVX-512 one (avx512_legacy.c, avx512_q8.h) do
+ * the same float operations in the same order.
  */
 #include "quant.h"
 
 #include "../kernels/cpu/avx2_legacy.h"
+#include "../kernels/cpu/avx512_legacy.h"
 
 enum { QK = 32 };
 
@@ -196,12 +198,18 @@ static void vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t x_strid
 #else
 #define AVX2_FN(f) NULL
 #endif
+#if STRATA_HAVE_AVX512
+#define AVX512_FN(f) f
+#else
+#define AVX512_FN(f) NULL
+#endif
 
 #define LEGACY(T, NAME, TS, FN)                                                                \
     t[T] = (strata_qtraits){.name = NAME, .type = T, .block_size = QK, .type_size = TS,        \
                             .act = STRATA_ACT_Q8_32,                                           \
                             .dequant = {dequant_##FN, AVX2_FN(strata_avx2_dequant_##FN)},      \
-                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN)}}
+                            .vec_dot = {vec_dot_##FN, AVX2_FN(strata_avx2_vec_dot_##FN),         \
+                                        [STRATA_ISA_IDX_AVX512] = AVX512_FN(strata_avx512_vec_dot_##FN)}}
 
 void strata_quant_register_legacy(strata_qtraits *t) {
     LEGACY(GT_Q4_0, "Q4_0", 18, q4_0);

@@ -1,0 +1,111 @@
+/* avx512_fp4.c — AVX-512 dot products of IQ4_NL, MXFP4, NVFP4 (the driver, the integer scheme
+ * and the float order: avx512_q8.h; the formats: quant/fmt_fp4.c). Codes become values with one
+ * _mm512_shuffle_epi8 per 64 codes (the 16-entry table in each 128-bit lane). Dequantization keeps
+ * the AVX2 path's (memory-bound; nothing to gain). */
+#include "avx512_fp4.h"
+#include "avx2_fp4.h"
+#include "avx512_q8.h"
+#include "quant_tables.h"
+
+static inline const int8_t *zf_table(z8fmt f) {
+    return f == Z8_IQ4_NL ? strata_kvalues_iq4nl : f == Z8_MXFP4 ? strata_kvalues_mxfp4 : strata_kvalues_nvfp4;
+}
+
+/* Lane k = strata_e8m0_half(low byte of lane k of v). */
+static inline __m256 zf_e8m0_half8(__m256i v) {
+    const __m256i e = _mm256_and_si256(v, _mm256_set1_epi32(0xff));
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __mmask8 small = _mm256_cmplt_epu32_mask(e, _mm256_set1_epi32(2));
+    return _mm256_castsi256_ps(_mm256_mask_sllv_epi32(big, small, _mm256_set1_epi32(0x00200000), e));
+}
+
+/* Lanes = strata_ue4m3_half of the byte at bit shift sh[lane] of v's 32-bit lanes. The byte 0x7f
+ * (before bit 7 is dropped) decodes to 0. bits = (x << 20) + (119 << 23) reads as
+ * f = (1 + m/8) * 2^(e-8), the value for e >= 1; for e == 0, f = (8 + m) * 2^-11 < 2^-7 and the
+ * value, m * 2^-10, is exactly 2f - 2^-7 (no subnormal is formed). */
+static inline __m512 zf_ue4m3_half16(__m512i v, __m512i sh) {
+    const __m512i b = _mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(0xff));
+    const __mmask16 live = _mm512_cmpneq_epi32_mask(b, _mm512_set1_epi32(0x7f));
+    const __m512i x = _mm512_maskz_and_epi32(live, b, _mm512_set1_epi32(0x7f));
+    const __m512 f = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(119 << 23)));
+    const __m512 lim = _mm512_set1_ps(0x1p-7f);
+    return _mm512_mask_sub_ps(f, _mm512_cmp_ps_mask(f, lim, _CMP_LT_OQ), _mm512_add_ps(f, f), lim);
+}
+
+/* The 64 codes of an NVFP4 block at p in value order, sub-block j in 128-bit lane j: bytes
+ * 8j..8j+7 of qs give its values 0..7 (low nibbles) and 8..15 (high nibbles). */
+static inline __m512i zf_nv_codes(const uint8_t *p) {
+    const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 4)));
+    const __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3), q);
+    return _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4)), _mm512_set1_epi8(0x0f));
+}
+
+static inline void z8_decode(z8fmt f, const uint8_t *p, const uint8_t *const *wk, z8_group *g) {
+    const int ts = z8_ts(f);
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)zf_table(f)));
+    if (f == Z8_NVFP4) {
+        const __m512i neg = _mm512_sub_epi8(_mm512_setzero_si512(), tab);
+        for (int k = 0; k < 8; k++) {
+            const __m512i c = zf_nv_codes(q8_blk(p, ts, k, wk));
+            g->w[k] = _mm512_shuffle_epi8(tab, c);
+            g->c[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
+                                          _mm512_shuffle_epi8(neg, c));
+        }
+        /* lane k (and 8 + k) of the scale vectors: block k's four scale bytes */
+        const __m256i s4 = q8_load_u32x8(p, ts, wk);
+        const __m512i s8 = _mm512_inserti64x4(_mm512_castsi256_si512(s4), s4, 1);
+        g->sp = zf_ue4m3_half16(s8, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16));
+        g->sq = zf_ue4m3_half16(s8, _mm512_setr_epi32(8, 8, 8, 8, 8, 8, 8, 8, 24, 24, 24, 24, 24, 24, 24, 24));
+        g->d = g->m = _mm256_setzero_ps(); /* unused by NVFP4; set so no path reads them undefined */
+        return;
+    }
+    const int qo = f == Z8_IQ4_NL ? 2 : 1;
+    const __m512i utab = _mm512_xor_si512(tab, _mm512_set1_epi8((char)0x80)); /* value + 128 */
+    for (int i = 0; i < 4; i++)
+        g->w[i] = _mm512_shuffle_epi8(utab, z8_nibbles2(q8_blk(p, ts, i, wk) + qo, q8_blk(p, ts, i + 4, wk) + qo));
+    g->d = f == Z8_IQ4_NL ? q8_load_f16x8(p, ts, 0, wk) : zf_e8m0_half8(q8_load_u32x8(p, ts, wk));
+}
+
+void strata_avx512_vec_dot_iq4_nl(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_IQ4_NL, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_mxfp4(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_MXFP4, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_NVFP4, n, w, x, xs, nc, y);
+}
+
+/* Several rows at once (quant.h rows): rows of at most 16 blocks take the AVX2 kernel that puts 8
+ * rows across the lanes (it loads each activation block once for 8 rows and pays no partial-group
+ * set-up per row); measured here, hot in cache, 1.5-5x this file's vec_dot on the 96- and 320-wide
+ * rows at 1 and 16 columns. Longer rows go through vec_dot, which is as fast or faster there (2560
+ * wide: 1.4x at 1 column, 1.05-1.15x at 16). Both give vec_dot's bits. */
+static inline void zf_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row,
+                           int64_t nrows, const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
+    if (n / (32 * z8_apb(f)) <= 16) {
+        short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+        return;
+    }
+    float t[Z8_MAX_COLS];
+    for (int c0 = 0; c0 < ncols; c0 += Z8_MAX_COLS) {
+        const int nc = ncols - c0 < Z8_MAX_COLS ? ncols - c0 : Z8_MAX_COLS;
+        for (int64_t r = 0; r < nrows; r++) {
+            z8_vec_dot(f, n, (const char *)w + (size_t)r * w_row, (const char *)x + (size_t)c0 * x_stride, x_stride, nc, t);
+            for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = t[c];
+        }
+    }
+}
+
+void strata_avx512_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                               size_t x_stride, int ncols, float *y, int64_t ldy) {
+    zf_rows(Z8_IQ4_NL, strata_avx2_rows_iq4_nl, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_mxfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                              size_t x_stride, int ncols, float *y, int64_t ldy) {
+    zf_rows(Z8_MXFP4, strata_avx2_rows_mxfp4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_nvfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                              size_t x_stride, int ncols, float *y, int64_t ldy) {
+    zf_rows(Z8_NVFP4, strata_avx2_rows_nvfp4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}

@@ -1,0 +1,45 @@
+/* avx512_legacy.c — AVX-512 dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (the driver, the
+ * integer scheme and the float order: avx512_q8.h; the formats: quant/fmt_legacy.c).
+ * Dequantization keeps the AVX2 path's (memory-bound; nothing to gain). */
+#include "avx512_legacy.h"
+#include "avx512_q8.h"
+
+/* Unsigned operands of blocks i and i + 4 (see avx512_q8.h: codes, or Q8_0's q ^ 0x80). */
+static inline __m512i zl_operands(z8fmt f, const uint8_t *a, const uint8_t *b) {
+    switch (f) {
+    case Z8_Q4_0: return z8_nibbles2(a + 2, b + 2);
+    case Z8_Q4_1: return z8_nibbles2(a + 4, b + 4);
+    case Z8_Q5_0:
+    case Z8_Q5_1: {
+        /* qh bit j = bit 4 of value j: one mask bit per byte of the two blocks */
+        const int o = f == Z8_Q5_0 ? 2 : 4;
+        const __m512i q = z8_nibbles2(a + o + 4, b + o + 4);
+        const __mmask64 hi = (__mmask64)strata_rd_u32(a + o) | (__mmask64)strata_rd_u32(b + o) << 32;
+        return _mm512_mask_add_epi8(q, hi, q, _mm512_set1_epi8(0x10));
+    }
+    default: return _mm512_xor_si512(z8_load2x32(a + 2, b + 2), _mm512_set1_epi8((char)0x80));
+    }
+}
+
+static inline void z8_decode(z8fmt f, const uint8_t *p, const uint8_t *const *wk, z8_group *g) {
+    const int ts = z8_ts(f);
+    for (int i = 0; i < 4; i++) g->w[i] = zl_operands(f, q8_blk(p, ts, i, wk), q8_blk(p, ts, i + 4, wk));
+    g->d = q8_load_f16x8(p, ts, 0, wk);
+    g->m = z8_has_min(f) ? q8_load_f16x8(p, ts, 2, wk) : _mm256_setzero_ps();
+}
+
+void strata_avx512_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_Q4_0, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_q4_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_Q4_1, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_q5_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_Q5_0, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_Q5_1, n, w, x, xs, nc, y);
+}
+void strata_avx512_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+    z8_vec_dot(Z8_Q8_0, n, w, x, xs, nc, y);
+}

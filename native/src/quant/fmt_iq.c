@@ -31,6 +31,7 @@
 #include "quant.h"
 #include "quant_tables.h"
 #include "../kernels/cpu/avx2_iq.h"
+#include "../kernels/cpu/avx512_iq.h"
 
 enum { IQ2XXS_SIZE = 66, IQ2XS_SIZE = 74, IQ3XXS_SIZE = 98 };
 
@@ -211,5 +212,16 @@ void strata_quant_register_iq(strata_qtraits *t) {
     t[GT_IQ2_XS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq2_xs;
     t[GT_IQ3_XXS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq3_xxs;
     for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++) t[T].rows_when[STRATA_ISA_IDX_AVX2] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED;
+#endif
+#if STRATA_HAVE_AVX512
+    /* Dequantization keeps the AVX2 kernels (the registry's fallback); the AMX path inherits these. */
+    t[GT_IQ2_XXS].vec_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_vec_dot_iq2_xxs;
+    t[GT_IQ2_XS].vec_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_vec_dot_iq2_xs;
+    t[GT_IQ3_XXS].vec_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_vec_dot_iq3_xxs;
+    t[GT_IQ2_XXS].rows[STRATA_ISA_IDX_AVX512] = strata_avx512_rows_iq2_xxs;
+    t[GT_IQ2_XS].rows[STRATA_ISA_IDX_AVX512] = strata_avx512_rows_iq2_xs;
+    t[GT_IQ3_XXS].rows[STRATA_ISA_IDX_AVX512] = strata_avx512_rows_iq3_xxs;
+    for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++)
+        t[T].rows_when[STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED;
 #endif
 }

@@ -287,7 +287,8 @@ KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, unpack_iq4_xs, 8, 32, 0)
 #define KQ_AVX2(f) NULL
 #endif
 
-/* AVX-512 has its own vec_dot (avx512_kquants.c); its dequant slot takes the AVX2 one. */
+/* AVX-512 has its own vec_dot and, for several columns, rows kernel (avx512_kquants.c); its
+ * dequant slot takes the AVX2 one. */
 #if STRATA_HAVE_AVX512
 #define KQ_AVX512(f) strata_avx512_##f
 #else
@@ -300,6 +301,8 @@ KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, unpack_iq4_xs, 8, 32, 0)
         .act = STRATA_ACT_Q8_256, .dequant = {dequant_##fn, KQ_AVX2(dequant_##fn)},           \
         .vec_dot = {[STRATA_ISA_IDX_SCALAR] = vec_dot_##fn, [STRATA_ISA_IDX_AVX2] = KQ_AVX2(vec_dot_##fn), \
                     [STRATA_ISA_IDX_AVX512] = KQ_AVX512(vec_dot_##fn)},                       \
+        .rows = {[STRATA_ISA_IDX_AVX512] = KQ_AVX512(rows_##fn)},                             \
+        .rows_when = {[STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI},                           \
         .quantize = NULL                                                                      \
     }
 

@@ -27,6 +27,16 @@ static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t 
     return it;
 }
 
+/* An item whose x rows are the gathered copies of rows src_rows[..n] of src: the matmul quantizes
+ * each token's row once for every expert it went to, not once per copy. */
+static strata_mm_item item_of(const mdl_mat *w, int64_t e, const float *x, const float *src, const int64_t *src_rows,
+                              int64_t n, float *y) {
+    strata_mm_item it = item(w, e, x, n, y);
+    it.x_src = src;
+    it.x_src_rows = src_rows;
+    return it;
+}
+
 /* One JSON line per (window, layer) for --trace-routing (format: pyrunner/cachesim.py): the
  * experts each token picked in rank order with their weights, and for the offload path which
  * groups were device-resident and which were skipped. */
@@ -81,6 +91,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     /* count: Ne + 1 prefix sums, then Ne bytes of skip marks (the plan's result this call keeps) */
     int64_t *count = calloc((size_t)Ne + 1 + ((size_t)Ne + 7) / 8, sizeof(int64_t));
     int64_t *slot = malloc((size_t)(L * K) * sizeof(int64_t));   /* (token, k) pairs sorted by expert */
+    int64_t *tok = malloc((size_t)(L * K) * sizeof(int64_t));    /* the token of each slot: row of u */
     float *xg = malloc((size_t)(L * K * E) * sizeof(float));
     float *gu = malloc((size_t)(L * K * 2 * Fe + 2 * L * Fs) * sizeof(float));
     float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
@@ -90,7 +101,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
     uint64_t cpu_groups = 0, cpu_bytes = 0;
     strata_status rc = STRATA_OK;
-    if (!logits || !pick || !pw || !count || !slot || !xg || !gu || !hb || !out) {
+    if (!logits || !pick || !pw || !count || !slot || !tok || !xg || !gu || !hb || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }
@@ -136,7 +147,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     if (trc_on()) trc_note_experts((int32_t)n_act);   /* the layer's MoE span reports it (model.c) */
     mm = malloc((size_t)(2 * n_act + 2) * sizeof *mm);
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
-    for (int64_t i = 0; i < L * K; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));
+    for (int64_t i = 0; i < L * K; i++) {
+        tok[i] = slot[i] / K;
+        memcpy(xg + i * E, u + tok[i] * E, (size_t)E * sizeof(float));
+    }
     float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = out + L * K * E;
     /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool. It
      * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
@@ -154,12 +168,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         if (!n || (kind && kind[e] != OFF_CPU)) continue;
         cpu_groups++;
         cpu_bytes += (uint64_t)(l->exp_gate.mat_bytes + (l->exp_fused ? 0 : l->exp_up.mat_bytes) + l->exp_down.mat_bytes);
-        if (l->exp_fused) {
-            mm[nm_++] = item(&l->exp_gate, e, xg + r0 * E, n, gu + r0 * 2 * Fe);
-        } else {
-            mm[nm_++] = item(&l->exp_gate, e, xg + r0 * E, n, gu + r0 * 2 * Fe);
-            mm[nm_++] = item(&l->exp_up, e, xg + r0 * E, n, gu + r0 * 2 * Fe + n * Fe);
-        }
+        mm[nm_++] = item_of(&l->exp_gate, e, xg + r0 * E, u, tok + r0, n, gu + r0 * 2 * Fe);
+        if (!l->exp_fused) mm[nm_++] = item_of(&l->exp_up, e, xg + r0 * E, u, tok + r0, n, gu + r0 * 2 * Fe + n * Fe);
     }
     mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
     mm[nm_++] = item(&l->sh_up, 0, u, L, su);
@@ -230,6 +240,6 @@ done:
         /* an error between off_begin and off_finish: drain the device before the buffers go */
         (void)off_finish(plan, 0.0, 0, 0);
     }
-    free(logits); free(pick); free(pw); free(count); free(slot); free(xg); free(gu); free(hb); free(out); free(mm);
+    free(logits); free(pick); free(pw); free(count); free(slot); free(tok); free(xg); free(gu); free(hb); free(out); free(mm);
     return rc;
 }

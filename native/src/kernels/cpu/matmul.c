@@ -11,6 +11,7 @@
 #include "matmul.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../util/error.h"
 #if STRATA_HAVE_AVX2
@@ -143,24 +144,56 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
     return STRATA_OK;
 }
 
-/* ---------------------------------------------------------------- several matmuls in one job */
+/* ---------------------------------------------------------------- several matmuls in one job
+ *
+ * Activations are quantized per source row, once: items whose x rows are copies of rows of one
+ * source (strata_mm_item.x_src: a MoE layer's tokens gathered per expert; an item without x_src is
+ * its own source) and that want the same activation format share one quantized copy of the rows
+ * they use, and an item that reads a subset or a reordering gets those quantized rows copied into
+ * its own buffer (a copy of a 292-byte block row costs a fraction of quantizing 256 floats). Rows are
+ * quantized the same way wherever they go, so every product is what strata_matmul_run returns. */
+
+typedef struct {
+    const float *src;          /* source rows (x_src, or the item's own x) */
+    int64_t cols, n_src;       /* row length; rows 0..n_src-1 may be used */
+    strata_act_kind act;
+    int biased;
+    size_t xa_row;
+    char *buf;                 /* n_src quantized rows (only the used ones written) */
+} act_group;
 
 typedef struct {
     const strata_mm_item *items;
     int isa;
+    const strata_qtraits *const *gt;   /* per group: a type that wants its format (for act_quantize) */
+    act_group *groups;
     void **xa;             /* per item: activations in its act format (or its x) */
     size_t *xa_row;
-    const int64_t (*qrows)[2]; /* quantization tasks: (item, row) */
+    const int64_t (*qrows)[2]; /* quantization tasks: (group, source row) */
+    const int *gather;         /* items whose rows are copied out of their group's buffer */
+    const int *group_of;       /* per item: its group, or -1 (float activations) */
     const int64_t (*tasks)[3]; /* row tasks: (item, r0, r1) */
 } mm_multi;
+
+static int64_t src_row(const strata_mm_item *it, int64_t j) { return it->x_src ? it->x_src_rows[j] : j; }
 
 static void multi_act_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const mm_multi *M = arg;
-    const int64_t i = M->qrows[task][0], j = M->qrows[task][1];
+    const act_group *g = &M->groups[M->qrows[task][0]];
+    const int64_t r = M->qrows[task][1];
+    act_quantize(M->gt[M->qrows[task][0]], M->isa, g->biased, g->src + r * g->cols, g->buf + (size_t)r * g->xa_row,
+                 g->cols);
+}
+
+static void multi_gather_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const mm_multi *M = arg;
+    const int i = M->gather[task];
     const strata_mm_item *it = &M->items[i];
-    void *dst = (char *)M->xa[i] + (size_t)j * M->xa_row[i];
-    act_quantize(it->t, M->isa, act_biased(it->t, M->isa, it->n), it->x + j * it->cols, dst, it->cols);
+    const act_group *g = &M->groups[M->group_of[i]];
+    for (int64_t j = 0; j < it->n; j++)
+        memcpy((char *)M->xa[i] + (size_t)j * g->xa_row, g->buf + (size_t)src_row(it, j) * g->xa_row, g->xa_row);
 }
 
 static void multi_mm_task(void *arg, int64_t task, int thread) {
@@ -186,71 +219,138 @@ static void multi_mm_task(void *arg, int64_t task, int thread) {
     }
 }
 
+/* Whether item it reads its group's rows 0..n-1 in order (then it uses the group buffer in place). */
+static int reads_in_place(const strata_mm_item *it) {
+    if (!it->x_src) return 1;
+    for (int64_t j = 0; j < it->n; j++)
+        if (it->x_src_rows[j] != j) return 0;
+    return 1;
+}
+
 strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items) {
     if (n_items <= 0) return STRATA_OK;
     void **xa = calloc((size_t)n_items, sizeof(void *));
     size_t *xa_row = calloc((size_t)n_items, sizeof(size_t));
-    int *owner = calloc((size_t)n_items, sizeof(int));      /* item whose activation buffer it uses */
+    int *group_of = calloc((size_t)n_items, sizeof(int));
+    int *share = calloc((size_t)n_items, sizeof(int));       /* item whose gathered rows it reuses, or itself */
+    int *gather = calloc((size_t)n_items, sizeof(int));
+    act_group *groups = calloc((size_t)n_items, sizeof(act_group));
+    const strata_qtraits **gt = calloc((size_t)n_items, sizeof(*gt));
+    uint8_t **used = calloc((size_t)n_items, sizeof(uint8_t *));
+    int64_t (*tasks)[3] = NULL;
+    int64_t (*qrows)[2] = NULL;
+    char *gbuf = NULL, *ibuf = NULL;
     strata_status rc = STRATA_OK;
+    int n_groups = 0, n_gather = 0;
     int64_t nq = 0, nt = 0;
-    size_t qbytes = 0;
-    if (!xa || !xa_row || !owner) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory"); goto done0; }
+    if (!xa || !xa_row || !group_of || !share || !gather || !groups || !gt || !used) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory");
+        goto done;
+    }
     const int nth = strata_pool_n_threads(pool);
+    /* 1. the activation groups, and the source rows each uses */
     for (int i = 0; i < n_items; i++) {
         const strata_mm_item *it = &items[i];
-        owner[i] = i;
-        if (it->t->act == STRATA_ACT_F32) { xa_row[i] = (size_t)it->cols * sizeof(float); continue; }
+        share[i] = i;
+        group_of[i] = -1;
+        if (it->t->act == STRATA_ACT_F32) { xa[i] = (void *)it->x; xa_row[i] = (size_t)it->cols * sizeof(float); continue; }
         if (it->t->act == STRATA_ACT_Q8_256 && it->cols % QK_K) {
             rc = strata_fail(STRATA_ERR_INTERNAL, "%s: cols %lld not a multiple of 256", it->t->name, (long long)it->cols);
-            goto done0;
+            goto done;
         }
         xa_row[i] = it->t->act == STRATA_ACT_Q8_32 ? (size_t)(it->cols / 32) * sizeof(act_q8_32)
                                                     : (size_t)(it->cols / QK_K) * sizeof(act_q8_256);
-        for (int j = 0; j < i; j++)
-            if (owner[j] == j && items[j].x == it->x && items[j].cols == it->cols && items[j].n == it->n &&
-                items[j].t->act == it->t->act &&
-                act_biased(items[j].t, isa, items[j].n) == act_biased(it->t, isa, it->n)) { owner[i] = j; break; }
-        if (owner[i] == i) { nq += it->n; qbytes += xa_row[i] * (size_t)it->n; }
+        const float *src = it->x_src ? it->x_src : it->x;
+        const int biased = act_biased(it->t, isa, it->n);
+        int64_t n_src = 0;
+        for (int64_t j = 0; j < it->n; j++) if (src_row(it, j) + 1 > n_src) n_src = src_row(it, j) + 1;
+        int g = 0;
+        while (g < n_groups && !(groups[g].src == src && groups[g].cols == it->cols && groups[g].act == it->t->act &&
+                                 groups[g].biased == biased))
+            g++;
+        if (g == n_groups) {
+            groups[g] = (act_group){.src = src, .cols = it->cols, .act = it->t->act, .biased = biased,
+                                    .xa_row = xa_row[i]};
+            gt[g] = it->t;
+            n_groups++;
+        }
+        if (n_src > groups[g].n_src) {
+            uint8_t *u = realloc(used[g], (size_t)n_src);
+            if (!u) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory"); goto done; }
+            memset(u + groups[g].n_src, 0, (size_t)(n_src - groups[g].n_src));
+            used[g] = u;
+            groups[g].n_src = n_src;
+        }
+        for (int64_t j = 0; j < it->n; j++) used[g][src_row(it, j)] = 1;
+        group_of[i] = g;
     }
-    /* row tasks per item, cut as a single matmul is */
-    int64_t (*tasks)[3] = NULL;
-    int64_t (*qrows)[2] = NULL;
-    char *qbuf = NULL;
+    /* 2. buffers: every group's rows, then each gathering item's own copy (shared by items that name
+     * the same rows of the same group, e.g. an expert's gate and up) */
+    size_t gbytes = 0, ibytes = 0;
+    for (int g = 0; g < n_groups; g++) {
+        gbytes += groups[g].xa_row * (size_t)groups[g].n_src;
+        for (int64_t r = 0; r < groups[g].n_src; r++) nq += used[g][r];
+    }
+    for (int i = 0; i < n_items; i++) {
+        if (group_of[i] < 0 || reads_in_place(&items[i])) continue;
+        for (int k = 0; k < i; k++)
+            if (group_of[k] == group_of[i] && share[k] == k && items[k].x_src_rows == items[i].x_src_rows &&
+                items[k].n == items[i].n && !reads_in_place(&items[k])) { share[i] = k; break; }
+        if (share[i] == i) { gather[n_gather++] = i; ibytes += xa_row[i] * (size_t)items[i].n; }
+    }
+    gbuf = malloc(gbytes ? gbytes : 1);
+    ibuf = malloc(ibytes ? ibytes : 1);
+    qrows = malloc((size_t)(nq ? nq : 1) * sizeof *qrows);
+    if (!gbuf || !ibuf || !qrows) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld activation rows", (long long)nq);
+        goto done;
+    }
+    {
+        size_t off = 0;
+        int64_t q = 0;
+        for (int g = 0; g < n_groups; g++) {
+            groups[g].buf = gbuf + off;
+            off += groups[g].xa_row * (size_t)groups[g].n_src;
+            for (int64_t r = 0; r < groups[g].n_src; r++)
+                if (used[g][r]) { qrows[q][0] = g; qrows[q][1] = r; q++; }
+        }
+        off = 0;
+        for (int i = 0; i < n_items; i++) {
+            if (group_of[i] < 0) continue;
+            if (reads_in_place(&items[i])) { xa[i] = groups[group_of[i]].buf; continue; }
+            if (share[i] == i) { xa[i] = ibuf + off; off += xa_row[i] * (size_t)items[i].n; }
+        }
+        for (int i = 0; i < n_items; i++) if (share[i] != i) xa[i] = xa[share[i]];
+    }
+    /* 3. row tasks per item, cut as a single matmul is */
     for (int i = 0; i < n_items; i++) {
         const strata_mm_item *it = &items[i];
         const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
-        const int64_t rpt = rows_per_task(w_row, it->rows, it->n, nth);
-        nt += (it->rows + rpt - 1) / rpt;
+        nt += (it->rows + rows_per_task(w_row, it->rows, it->n, nth) - 1) / rows_per_task(w_row, it->rows, it->n, nth);
     }
     tasks = malloc((size_t)nt * sizeof *tasks);
-    qrows = malloc((size_t)(nq > 0 ? nq : 1) * sizeof *qrows);
-    qbuf = malloc(qbytes > 0 ? qbytes : 1);
-    if (!tasks || !qrows || !qbuf) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld tasks", (long long)nt); goto done1; }
-    int64_t k = 0, q = 0;
-    size_t off = 0;
-    for (int i = 0; i < n_items; i++) {
-        const strata_mm_item *it = &items[i];
-        const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
-        const int64_t rpt = rows_per_task(w_row, it->rows, it->n, nth);
-        for (int64_t r0 = 0; r0 < it->rows; r0 += rpt) {
-            tasks[k][0] = i; tasks[k][1] = r0; tasks[k][2] = r0 + rpt < it->rows ? r0 + rpt : it->rows;
-            k++;
-        }
-        if (it->t->act == STRATA_ACT_F32) { xa[i] = (void *)it->x; continue; }
-        if (owner[i] == i) {
-            xa[i] = qbuf + off;
-            off += xa_row[i] * (size_t)it->n;
-            for (int64_t j = 0; j < it->n; j++) { qrows[q][0] = i; qrows[q][1] = j; q++; }
+    if (!tasks) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld tasks", (long long)nt); goto done; }
+    {
+        int64_t k = 0;
+        for (int i = 0; i < n_items; i++) {
+            const strata_mm_item *it = &items[i];
+            const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
+            const int64_t rpt = rows_per_task(w_row, it->rows, it->n, nth);
+            for (int64_t r0 = 0; r0 < it->rows; r0 += rpt) {
+                tasks[k][0] = i; tasks[k][1] = r0; tasks[k][2] = r0 + rpt < it->rows ? r0 + rpt : it->rows;
+                k++;
+            }
         }
     }
-    for (int i = 0; i < n_items; i++) if (owner[i] != i) xa[i] = xa[owner[i]];
-    mm_multi M = {.items = items, .isa = isa, .xa = xa, .xa_row = xa_row,
-                  .qrows = (const int64_t (*)[2])qrows, .tasks = (const int64_t (*)[3])tasks};
+    mm_multi M = {.items = items, .isa = isa, .gt = gt, .groups = groups, .xa = xa, .xa_row = xa_row,
+                  .qrows = (const int64_t (*)[2])qrows, .gather = gather, .group_of = group_of,
+                  .tasks = (const int64_t (*)[3])tasks};
     if (nq) strata_pool_run(nq > 1 ? pool : NULL, multi_act_task, &M, nq);
+    if (n_gather) strata_pool_run(n_gather > 1 ? pool : NULL, multi_gather_task, &M, n_gather);
     strata_pool_run(pool, multi_mm_task, &M, nt);
-done1:
-    free(tasks); free(qrows); free(qbuf);
-done0:
-    free(xa); free(xa_row); free(owner);
+done:
+    for (int g = 0; used && g < n_items; g++) free(used[g]);
+    free(used); free(gt); free(groups); free(gather); free(share); free(group_of);
+    free(tasks); free(qrows); free(gbuf); free(ibuf); free(xa); free(xa_row);
     return rc;
 }

@@ -12,8 +12,8 @@ strata_status strata_matmul_run(strata_pool *pool, const strata_qtraits *t, int 
                                 int64_t n, float *y);
 
 /* One of several independent products run as one pool job (e.g. every expert of a MoE layer):
- * y[j*rows + r] = dot(W row r, x row j) for j < n. Items that share x (same pointer, cols, n and
- * activation format) share its quantization. Each output equals strata_matmul_run's. */
+ * y[j*rows + r] = dot(W row r, x row j) for j < n. Items whose rows come from one source (the same x,
+ * or x_src below) share its quantization. Each output equals strata_matmul_run's. */
 typedef struct {
     const strata_qtraits *t;
     const void *w;       /* rows x cols in t's format */
@@ -21,6 +21,12 @@ typedef struct {
     const float *x;      /* n x cols */
     int64_t n;
     float *y;            /* n x rows */
+    /* Optional: x's row j is a copy of row x_src_rows[j] of x_src (a MoE layer's tokens gathered per
+     * expert). Items that name the same x_src, or whose x is that x_src, then quantize each source
+     * row once between them instead of once per copy (strata_matmul_multi). NULL: x is its own. The
+     * GEMM path reads x and ignores these. */
+    const float *x_src;
+    const int64_t *x_src_rows;
 } strata_mm_item;
 strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items);
 

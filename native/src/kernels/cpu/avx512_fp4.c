@@ -66,6 +66,25 @@ static inline void z8_decode(z8fmt f, const uint8_t *p, const uint8_t *const *wk
     g->d = f == Z8_IQ4_NL ? q8_load_f16x8(p, ts, 0, wk) : zf_e8m0_half8(q8_load_u32x8(p, ts, wk));
 }
 
+/* The block's 32 operands (value + 128) in value order (z8_rows; IQ4_NL and MXFP4). */
+static inline __m256i z8_values(z8fmt f, const uint8_t *p) {
+    const __m256i utab = _mm256_xor_si256(q8_table16(zf_table(f)), _mm256_set1_epi8((char)0x80));
+    return _mm256_shuffle_epi8(utab, q8_nibbles(p + (f == Z8_IQ4_NL ? 2 : 1)));
+}
+
+/* IQ4_NL: the F16 d; MXFP4: strata_e8m0_half of the first byte (as zf_e8m0_half8). */
+static inline void z8_scales16(z8fmt f, __m512i raw, __m512 *d, __m512 *m) {
+    *m = _mm512_setzero_ps();
+    if (f == Z8_IQ4_NL) {
+        *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+        return;
+    }
+    const __m512i e = _mm512_and_si512(raw, _mm512_set1_epi32(0xff));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    *d = _mm512_castsi512_ps(_mm512_mask_sllv_epi32(big, small, _mm512_set1_epi32(0x00200000), e));
+}
+
 void strata_avx512_vec_dot_iq4_nl(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     z8_vec_dot(Z8_IQ4_NL, n, w, x, xs, nc, y);
 }
@@ -76,25 +95,21 @@ void strata_avx512_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t
     z8_vec_dot(Z8_NVFP4, n, w, x, xs, nc, y);
 }
 
-/* Several rows at once (quant.h rows): rows of at most 16 blocks take the AVX2 kernel that puts 8
- * rows across the lanes (it loads each activation block once for 8 rows and pays no partial-group
- * set-up per row); measured here, hot in cache, 1.5-5x this file's vec_dot on the 96- and 320-wide
- * rows at 1 and 16 columns. Longer rows go through vec_dot, which is as fast or faster there (2560
- * wide: 1.4x at 1 column, 1.05-1.15x at 16). Both give vec_dot's bits. */
+/* Several rows at once (quant.h rows). IQ4_NL and MXFP4 take z8_rows (avx512_q8.h: rows across
+ * the int32 lanes) for several columns: interleaved with the AVX2 8-rows kernel on the shared
+ * 2-core Xeon, GB/s of weights, 2560x96 (3-block expert down rows) at 16 columns 0.72 -> 1.65
+ * (IQ4_NL, 1 thread), 4 columns 3.16 -> 3.61; 2560 wide see the report of issue 17. At one column
+ * short rows (at most 16 blocks) keep the AVX2 8-rows kernel (z8_rows decodes 16 rows per block
+ * for a single product; the AVX2 kernel was 1.5-5x this file's vec_dot there), and so does NVFP4
+ * (its 16-value sub-blocks are not in z8_rows yet). Longer NVFP4 rows go through vec_dot. All
+ * give vec_dot's bits. */
 static inline void zf_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row,
                            int64_t nrows, const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
-    if (n / (32 * z8_apb(f)) <= 16) {
+    if (n / (32 * z8_apb(f)) <= 16 && (f == Z8_NVFP4 || ncols == 1)) {
         short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
         return;
     }
-    float t[Z8_MAX_COLS];
-    for (int c0 = 0; c0 < ncols; c0 += Z8_MAX_COLS) {
-        const int nc = ncols - c0 < Z8_MAX_COLS ? ncols - c0 : Z8_MAX_COLS;
-        for (int64_t r = 0; r < nrows; r++) {
-            z8_vec_dot(f, n, (const char *)w + (size_t)r * w_row, (const char *)x + (size_t)c0 * x_stride, x_stride, nc, t);
-            for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = t[c];
-        }
-    }
+    z8_rows(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 
 void strata_avx512_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,

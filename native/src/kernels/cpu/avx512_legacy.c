@@ -28,6 +28,26 @@ static inline void z8_decode(z8fmt f, const uint8_t *p, const uint8_t *const *wk
     g->m = z8_has_min(f) ? q8_load_f16x8(p, ts, 2, wk) : _mm256_setzero_ps();
 }
 
+/* The block's 32 operands in value order (z8_rows; the same numbers as zl_operands). */
+static inline __m256i z8_values(z8fmt f, const uint8_t *p) {
+    switch (f) {
+    case Z8_Q4_0: return q8_nibbles(p + 2);
+    case Z8_Q4_1: return q8_nibbles(p + 4);
+    case Z8_Q5_0:
+    case Z8_Q5_1: {
+        const int o = f == Z8_Q5_0 ? 2 : 4;
+        const __m256i q = q8_nibbles(p + o + 4);
+        return _mm256_mask_add_epi8(q, (__mmask32)strata_rd_u32(p + o), q, _mm256_set1_epi8(0x10));
+    }
+    default: return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80));
+    }
+}
+
+static inline void z8_scales16(z8fmt f, __m512i raw, __m512 *d, __m512 *m) {
+    *d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+    *m = z8_has_min(f) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16))) : _mm512_setzero_ps();
+}
+
 void strata_avx512_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     z8_vec_dot(Z8_Q4_0, n, w, x, xs, nc, y);
 }
@@ -42,4 +62,26 @@ void strata_avx512_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t 
 }
 void strata_avx512_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     z8_vec_dot(Z8_Q8_0, n, w, x, xs, nc, y);
+}
+
+/* quant.h rows kernels (avx512_q8.h z8_rows): what vec_dot gives, for nrows rows at once. */
+void strata_avx512_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    z8_rows(Z8_Q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    z8_rows(Z8_Q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    z8_rows(Z8_Q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    z8_rows(Z8_Q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx512_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                             int ncols, float *y, int64_t ldy) {
+    z8_rows(Z8_Q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

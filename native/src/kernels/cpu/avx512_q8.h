@@ -218,4 +218,160 @@ static inline void z8_vec_dot(z8fmt f, int64_t n, const void *w, const void *x, 
     }
 }
 
+
+/* ---------------------------------------------------------------- several rows at once
+ *
+ * The rows kernel of quant.h for the 32-value formats (z8_rows). z8_row pays, per column and
+ * group of 8 blocks, a cross-lane reduction plus the activation scales and sums (about 45 uops
+ * for 8 block sums). Here the rows go across the lanes instead: int32 lane r of a zmm belongs to
+ * row r of a pass of 16, so a block's exact sum needs no reduction. The weights of a chunk of
+ * blocks are decoded once per call (z8_values) and transposed (z8r_decode) so that vector i of
+ * block b holds the four operands 4i..4i+3 of every row; per column a block is then 8 vpdpbusd
+ * against 32-bit broadcasts of the activation codes, started at -off * sum (the offset taken back,
+ * see the top of this file), then cvt + mul + fma (+ mul + fma for formats with a min) for 16
+ * (row, block) sums. The activation scales and (offset) sums of the columns are laid out once
+ * per call (dx, xs in z8_rows), so each is one broadcast load.
+ *
+ * Float order: lane r of L[j] is float lane j of row r; it gets exactly the scalar's operations
+ * for the blocks b with b % 8 == j, in ascending b (chunks start at multiples of 8 blocks), and
+ * the row's result is strata_hsum8's ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)), lane-wise. */
+enum {
+    Z8R_ROWS = 16,    /* rows per pass: one int32 lane each */
+    Z8R_WB = 16,      /* blocks per decoded chunk: 9 KB with the scales, stays in L1 with the activations */
+    Z8R_MAX_NB = 512  /* longer rows (over 16384 values) go through z8_vec_dot */
+};
+
+/* Defined by the file of the format: the 32 values of the block at p as unsigned operands, in
+ * value order (see the top of this file), and the scales of 16 rows' blocks. */
+static inline __m256i z8_values(z8fmt f, const uint8_t *p);
+/* raw: lane r = the first 4 bytes of row r's block; *d (and *m for formats with a min) = the
+ * scales (mins) as floats. */
+static inline void z8_scales16(z8fmt f, __m512i raw, __m512 *d, __m512 *m);
+
+typedef struct {
+    __m512i w[Z8R_WB][8];           /* block b: lane r of w[b][i] = row r's operands 4i..4i+3 */
+    float d[Z8R_WB][Z8R_ROWS];      /* block b: scale of row r */
+    float m[Z8R_WB][Z8R_ROWS];      /* the same for the min (Q4_1, Q5_1) */
+} z8r_chunk;
+
+/* Blocks k0 .. k0 + kn - 1 of the rows rp[] (blocks rs[] bytes apart) into ch; the scales of the
+ * nr rows from w (rows w_row bytes apart; one gather per block, the lanes of missing rows 0). */
+static inline void z8r_decode(z8fmt f, const uint8_t *const *rp, const size_t *rs, const uint8_t *w, size_t w_row,
+                              int nr, int64_t k0, int kn, z8r_chunk *ch) {
+    const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)w_row));
+    const __mmask16 live = (__mmask16)((1u << nr) - 1u);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int b = 0; b < kn; b++) {
+        const uint8_t *p[Z8R_ROWS];
+        for (int r = 0; r < Z8R_ROWS; r++) p[r] = rp[r] + rs[r] * (size_t)(k0 + b);
+        /* v[i]: row i (low 256 bits) and row i + 8 (high); then an 8 x 8 dword transpose per half */
+        __m512i v[8], t[8], u[8];
+        for (int i = 0; i < 8; i++)
+            v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(z8_values(f, p[i])), z8_values(f, p[i + 8]), 1);
+        for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+        }
+        /* u[4h + i], i < 4: 128-bit lanes = rows 4h..4h+3 (and 8 + 4h..) of operand groups i, 4 + i */
+        for (int h = 0; h < 2; h++) {
+            u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+            u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+            u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+            u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+        }
+        for (int i = 0; i < 4; i++) {
+            _mm512_store_si512(&ch->w[b][i], _mm512_permutex2var_epi64(u[i], lo, u[4 + i]));
+            _mm512_store_si512(&ch->w[b][4 + i], _mm512_permutex2var_epi64(u[i], hi, u[4 + i]));
+        }
+        __m512 d, m;
+        z8_scales16(f, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, roff, w + (size_t)z8_ts(f) * (size_t)(k0 + b), 1),
+                    &d, &m);
+        _mm512_store_ps(ch->d[b], d);
+        if (z8_has_min(f)) _mm512_store_ps(ch->m[b], m);
+    }
+}
+
+/* Block b of the chunk against one column's activation block a (scale dx, xs: -off * sum, or
+ * for formats with a min the sum as a float), into L (lane r = row r). */
+static inline __m512 z8r_block(z8fmt f, const z8r_chunk *ch, int b, const act_q8_32 *a, const float *dx,
+                               const int32_t *xs, __m512 L) {
+    const int32_t *x4 = (const int32_t *)(const void *)a->qs;
+    __m512i s = z8_off_log2(f) >= 0 ? _mm512_set1_epi32(*xs) : _mm512_setzero_si512();
+    for (int i = 0; i < 8; i++) s = _mm512_dpbusd_epi32(s, ch->w[b][i], _mm512_set1_epi32(x4[i]));
+    const __m512 d = _mm512_set1_ps(*dx);
+    L = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(ch->d[b]), d), _mm512_cvtepi32_ps(s), L);
+    if (z8_has_min(f)) {
+        float sf;
+        memcpy(&sf, xs, 4);
+        L = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(ch->m[b]), d), _mm512_set1_ps(sf), L);
+    }
+    return L;
+}
+
+/* quant.h strata_rows_fn; NVFP4 (not laid out here yet) and rows over Z8R_MAX_NB blocks go row by
+ * row through z8_vec_dot. */
+static inline void z8_rows(z8fmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                           size_t x_stride, int ncols, float *y, int64_t ldy) {
+    const int64_t nb = n / 32;
+    if (f == Z8_NVFP4 || nb > Z8R_MAX_NB || ncols > Z8_MAX_COLS) {
+        float t[Z8_MAX_COLS];
+        for (int c0 = 0; c0 < ncols; c0 += Z8_MAX_COLS) {
+            const int nc = ncols - c0 < Z8_MAX_COLS ? ncols - c0 : Z8_MAX_COLS;
+            for (int64_t r = 0; r < nrows; r++) {
+                z8_vec_dot(f, n, (const char *)w + (size_t)r * w_row, (const char *)x + (size_t)c0 * x_stride, x_stride, nc, t);
+                for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = t[c];
+            }
+        }
+        return;
+    }
+    const int sh = z8_off_log2(f);
+    /* the activations' scales and (offset) sums of every column, for broadcasts */
+    _Alignas(64) float dx[Z8_MAX_COLS * Z8R_MAX_NB];
+    _Alignas(64) int32_t xs[Z8_MAX_COLS * Z8R_MAX_NB];
+    for (int c = 0; c < ncols; c++) {
+        const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)c * x_stride);
+        for (int64_t b = 0; b < nb; b++) {
+            const float sf = (float)a[b].sum;
+            dx[c * nb + b] = a[b].d;
+            if (z8_has_min(f)) memcpy(&xs[c * nb + b], &sf, 4);
+            else xs[c * nb + b] = (int32_t)(0u - ((uint32_t)a[b].sum << (sh > 0 ? sh : 0)));
+        }
+    }
+    _Alignas(64) z8r_chunk ch;
+    _Alignas(64) __m512 Ls[Z8_MAX_COLS][8]; /* lane accumulators between chunks */
+    for (int64_t r0 = 0; r0 < nrows; r0 += Z8R_ROWS) {
+        const int nr = nrows - r0 < Z8R_ROWS ? (int)(nrows - r0) : Z8R_ROWS;
+        const uint8_t *rp[Z8R_ROWS];
+        size_t rs[Z8R_ROWS];
+        for (int r = 0; r < Z8R_ROWS; r++) {
+            /* rows past the matrix read the zero block over and over (their lanes are not stored) */
+            rp[r] = r < nr ? (const uint8_t *)w + (size_t)(r0 + r) * w_row : q8_zero_block;
+            rs[r] = r < nr ? (size_t)z8_ts(f) : 0;
+        }
+        for (int64_t k0 = 0; k0 < nb; k0 += Z8R_WB) {
+            const int kn = nb - k0 < Z8R_WB ? (int)(nb - k0) : Z8R_WB;
+            z8r_decode(f, rp, rs, (const uint8_t *)w + (size_t)r0 * w_row, w_row, nr, k0, kn, &ch);
+            for (int c = 0; c < ncols; c++) {
+                const act_q8_32 *xa = (const act_q8_32 *)((const char *)x + (size_t)c * x_stride) + k0;
+                const float *dc = dx + c * nb + k0;
+                const int32_t *sc = xs + c * nb + k0;
+                __m512 L[8];
+                for (int j = 0; j < 8; j++) L[j] = k0 ? Ls[c][j] : _mm512_setzero_ps();
+                int b = 0;
+                for (; b + 8 <= kn; b += 8)
+                    for (int j = 0; j < 8; j++) L[j] = z8r_block(f, &ch, b + j, xa + b + j, dc + b + j, sc + b + j, L[j]);
+                for (int j = 0; b + j < kn; j++) L[j] = z8r_block(f, &ch, b + j, xa + b + j, dc + b + j, sc + b + j, L[j]);
+                if (k0 + Z8R_WB < nb) {
+                    for (int j = 0; j < 8; j++) Ls[c][j] = L[j];
+                    continue;
+                }
+                const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L[0], L[4]), _mm512_add_ps(L[2], L[6])),
+                                               _mm512_add_ps(_mm512_add_ps(L[1], L[5]), _mm512_add_ps(L[3], L[7])));
+                _mm512_mask_storeu_ps(y + (int64_t)c * ldy + r0, (__mmask16)((1u << nr) - 1u), v);
+            }
+        }
+    }
+}
+
 #endif

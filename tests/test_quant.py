@@ -287,7 +287,7 @@ def test_bad_arguments_raise_with_message():
 
 @pytest.mark.parametrize("isa", FAST_ISAS)
 @pytest.mark.parametrize("name", ["IQ4_NL", "MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "Q2_K", "Q3_K", "Q4_K",
-                                  "Q5_K", "Q6_K", "IQ4_XS"])
+                                  "Q5_K", "Q6_K", "IQ4_XS", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_row_group_kernels_match_scalar(name, isa):
     """Types whose products may take a kernel working on several rows at once (quant.h rows[isa]):
     row counts that leave 1..7 rows in the last group, rows of 1..8 blocks, several column

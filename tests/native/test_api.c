@@ -130,7 +130,7 @@ static void test_act_quant(void) {
             x[1100] = -INFINITY;
             for (int i = 1200; i < 1232; i++) x[i] = NAN;
         }
-        for (int isa = 0; isa < (strata_cpu_has_avx2() ? 2 : 1); isa++) {
+        for (int isa = 0; isa < (strata_cpu_has_isa(STRATA_ISA_IDX_AVX2) ? 2 : 1); isa++) {
             strata_act_quantize_q8_32(x, a32[isa], N, isa);
             strata_act_quantize_q8_256(x, a256[isa], N, isa);
         }
@@ -158,7 +158,7 @@ static void test_act_quant(void) {
                 for (int i = 0; i < 16; i++) sum += a256[0][b].qs[16 * j + i];
                 CHECK(sum == a256[0][b].bsums[j], "bsums");
             }
-        if (strata_cpu_has_avx2()) {
+        if (strata_cpu_has_isa(STRATA_ISA_IDX_AVX2)) {
             CHECK(memcmp(a32[0], a32[1], sizeof a32[0]) == 0, "q8_32 scalar != avx2 (trial %d)", trial);
             CHECK(memcmp(a256[0], a256[1], sizeof a256[0]) == 0, "q8_256 scalar != avx2 (trial %d)", trial);
         }

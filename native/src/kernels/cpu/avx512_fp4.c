@@ -100,12 +100,13 @@ void strata_avx512_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t
  * 2-core Xeon, GB/s of weights, 2560x96 (3-block expert down rows) at 16 columns 0.72 -> 1.65
  * (IQ4_NL, 1 thread), 4 columns 3.16 -> 3.61; 2560 wide see the report of issue 17. At one column
  * short rows (at most 16 blocks) keep the AVX2 8-rows kernel (z8_rows decodes 16 rows per block
- * for a single product; the AVX2 kernel was 1.5-5x this file's vec_dot there), and so does NVFP4
- * (its 16-value sub-blocks are not in z8_rows yet). Longer NVFP4 rows go through vec_dot. All
- * give vec_dot's bits. */
+ * for a single product; the AVX2 kernel was 1.5-5x this file's vec_dot there). NVFP4 always takes
+ * the AVX2 8-rows kernel: its 16-value sub-blocks are not in z8_rows yet, whose fallback (vec_dot
+ * row by row) measured slower at 16 columns, 2 threads (2560x2560: 1.73 -> 1.03 GB/s; 640x2560:
+ * 1.68 -> 1.26). All give vec_dot's bits. */
 static inline void zf_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row,
                            int64_t nrows, const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
-    if (n / (32 * z8_apb(f)) <= 16 && (f == Z8_NVFP4 || ncols == 1)) {
+    if (f == Z8_NVFP4 || (ncols == 1 && n / (32 * z8_apb(f)) <= 16)) {
         short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
         return;
     }

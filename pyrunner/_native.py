@@ -87,8 +87,6 @@ if lib.strata_abi_version() != ABI_VERSION:
     raise ImportError(
         f"{LIB_PATH} has ABI version {lib.strata_abi_version()} but pyrunner expects {ABI_VERSION}; "
         "rebuild with `pip install -e .`")
-if settings.gemm_from() is not None:   # STRATA_GEMM, a process-wide measuring knob (settings.py)
-    lib.strata_set_gemm_from(settings.gemm_from())
 
 _ERRORS = {
     lib.STRATA_ERR_FORMAT: FormatError,
@@ -140,7 +138,13 @@ def isa_best() -> str:
     return ffi.string(lib.strata_isa_name(lib.strata_isa_best())).decode()
 
 
-def _check_isa_setting() -> None:
+def _check_process_settings() -> None:
+    """The process-wide STRATA_* values read at import (settings.py): STRATA_GEMM is handed to the
+    library; STRATA_ISA, which the library reads itself (and would quietly ignore if this machine cannot
+    run it), is checked here. Raises ValueError naming the variable."""
+    gemm = settings.gemm_from()
+    if gemm is not None:                  # a process-wide measuring knob
+        lib.strata_set_gemm_from(gemm)
     forced = settings.isa()
     if forced is None:
         return
@@ -152,13 +156,26 @@ def _check_isa_setting() -> None:
                          f"this machine runs {', '.join(isa_paths())} ({build_info()})")
 
 
-_check_isa_setting()
+# A bad value does not fail the import (the `strata` command could then only print a traceback): it is
+# kept, and raised by check_settings(), which every Context and Model calls, and the CLI before any command.
+try:
+    _check_process_settings()
+    _SETTINGS_ERROR: ValueError | None = None
+except ValueError as _e:
+    _SETTINGS_ERROR = _e
+
+
+def check_settings() -> None:
+    """Raises the ValueError of a bad process-wide STRATA_* value (STRATA_GEMM, STRATA_ISA), if any."""
+    if _SETTINGS_ERROR is not None:
+        raise ValueError(str(_SETTINGS_ERROR))
 
 
 class Context:
     """A libstrata context: owns the persistent worker pool."""
 
     def __init__(self, threads: int | None = None):
+        check_settings()
         p = ffi.new("strata_context_params *", lib.strata_context_default_params())
         p.n_threads = threads or 0
         out = ffi.new("strata_context **")

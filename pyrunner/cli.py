@@ -15,6 +15,12 @@ def _fail(e: Exception) -> click.ClickException:
 @click.version_option("0.1.0", prog_name="strata")
 def main():
     """Strata: run qwen4exp (Qwen3.8-Flash-Next) GGUF models on one machine."""
+    from ._native import check_settings
+
+    try:
+        check_settings()   # a bad STRATA_ISA / STRATA_GEMM: one line naming the variable, before any command
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _short(v, limit=8):

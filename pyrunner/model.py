@@ -20,7 +20,7 @@ import numpy as np
 
 from . import generate as _generate
 from . import settings
-from ._native import StrataError, check, ffi, lib
+from ._native import StrataError, check, check_settings, ffi, lib
 
 KV_TYPES = {"f32": lib.STRATA_KV_F32, "f16": lib.STRATA_KV_F16, "int8": lib.STRATA_KV_INT8}
 DEVICES = {"cpu": lib.STRATA_DEVICE_CPU, "sim": lib.STRATA_DEVICE_SIM, "cuda": lib.STRATA_DEVICE_CUDA}
@@ -118,6 +118,7 @@ class Model:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
         ple_* ones: STRATA_PLE_*), and when that is unset from libstrata's
         strata_model_default_params(): the defaults have one owner."""
+        check_settings()   # a bad STRATA_ISA / STRATA_GEMM (settings.py), said before anything loads
         if path is not None and model_path is not None:
             raise TypeError("Model(): give the GGUF as path or as model_path, not both")
         if path is None and model_path is None:

@@ -34,8 +34,9 @@ Model's, i.e. the library's: there is no second copy of a default in the CLI.
 One variable is read inside libstrata as well, on purpose: STRATA_ISA=scalar|avx2|avx_vnni|avx512|amx,
 a debugging override of which CPU kernel path runs (process-wide, read once by the CPU detection,
 before any params exist); strata.h documents it next to strata_isa_best(). Here isa() reads it only
-so that _native can refuse, at import, a name the library does not know or this CPU cannot run
-(the library itself would silently keep its best path).
+so that _native can refuse a name the library does not know or this CPU cannot run (the library
+itself would silently keep its best path): _native.check_settings() raises that, or a bad
+STRATA_GEMM, from every Context and Model and before every `strata` command (one line, no traceback).
 """
 from __future__ import annotations
 

@@ -145,6 +145,8 @@ def _check_process_settings() -> None:
     gemm = settings.gemm_from()
     if gemm is not None:                  # a process-wide measuring knob
         lib.strata_set_gemm_from(gemm)
+    if settings.repack() is False:        # process-wide too (strata.h strata_set_repack)
+        lib.strata_set_repack(0)
     forced = settings.isa()
     if forced is None:
         return

@@ -289,7 +289,7 @@ TOKENIZE_PROBE = "Hello, world! It's 2026; 自然语言处理 — こんにち�
 
 
 def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threads: int, kv_type: str,
-                n_ctx: int) -> tuple:
+                n_ctx: int, repack: bool | None = None) -> tuple:
     """Load, the first tokenize (of TOKENIZE_PROBE), prefill, decode; returns (rates + tokenize_first_s, prompt
     ids, generated ids). The prompt is sized by the model's n_vocab."""
     from ._native import StrataError
@@ -297,7 +297,7 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
 
     t0 = time.perf_counter()
     try:
-        model = Model(path, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
+        model = Model(path, threads=threads, n_ctx=n_ctx, kv_type=kv_type, repack=repack)
     except (StrataError, ValueError, OSError) as e:
         raise BenchError(f"Strata could not load {path}: {e}") from None
     try:
@@ -317,7 +317,8 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
             out.append(tok)
             logits = sess.eval([tok])
         decode_s = time.perf_counter() - t0
-        return {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s}, \
+        return {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s,
+                "repack_bytes": model.repack_bytes}, \
             ids, out
     finally:
         model.close()
@@ -366,11 +367,12 @@ def _llama_run(path: str, ids: list[int], gen_tokens: int, threads: int, kv_type
 
 
 def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_tokens: int = 128, kv_type: str = "f16",
-                vs_llama_cpp: bool = False, seed: int = 0, log=print) -> dict:
+                vs_llama_cpp: bool = False, seed: int = 0, log=print, repack: bool | None = None) -> dict:
     """Returns {"settings": {...}, "strata": RATES, and with vs_llama_cpp "llama_cpp": RATES, "ratios":
     {"prefill_tps", "decode_tps"} (Strata / llama.cpp), "same_tokens" (whether both decoded the same greedy
     tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}
-    and for Strata also tokenize_first_s (the session's first tokenize, after the load).
+    and for Strata also tokenize_first_s (the session's first tokenize, after the load) and repack_bytes (the
+    prefill conversion's scratch, 0 when off or unused; repack=False: --no-repack).
     When llama.cpp crashes (or times out, or exits), "llama_cpp" is {"error": its message}, and there are no
     ratios and no same_tokens."""
     import os
@@ -387,7 +389,7 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
     settings = {"model": path, "threads": threads, "prompt_tokens": prompt_tokens,
                 "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed, "strata_isa": isa_best()}
     log(f"strata: {prompt_tokens}-token prefill, {gen_tokens} decode steps, {threads} threads, kv {kv_type}")
-    strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx)
+    strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, repack)
     res = {"settings": settings, "strata": strata}
     if vs_llama_cpp:
         from .llama_child import LlamaChildError, LlamaCrash, LlamaTimeout, call
@@ -426,6 +428,9 @@ def format_model_table(res: dict) -> str:
     if "llama_cpp_kv" in s:
         lines[0] += f" (llama.cpp KV: {s['llama_cpp_kv']})"
     isa = f"kernel paths: strata {s['strata_isa']}" if "strata_isa" in s else ""
+    if isa and "repack_bytes" in res["strata"]:
+        rb = res["strata"]["repack_bytes"]
+        isa += f" (prefill repack scratch {rb / 2**10:.0f} KiB)" if rb else " (no prefill repack)"
     if "llama_cpp_cpu" in s:
         isa += f"; llama.cpp built with {s['llama_cpp_cpu']}"
     if isa:

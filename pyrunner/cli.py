@@ -257,8 +257,10 @@ def bench_kernels(as_json, types, threads, batches, isa):
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also run the benchmark once more with the timeline recorder on, write that run's trace, and "
                    "report the recorder's cost (tokens/s with and without it).")
+@click.option("--repack/--no-repack", default=None, envvar="STRATA_REPACK",
+              help="Strata's prefill conversion of IQ weight rows (see `strata generate --help`) [default: on].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
-                trace_path):
+                trace_path, repack):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -288,11 +290,11 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         return
     try:
         res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-                            kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log)
+                            kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log, repack=repack)
         if trace_path:
             res["trace"] = _bench_traced(trace_path, res, lambda: b.bench_model(
                 model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, kv_type=kv_type,
-                seed=seed, log=log))
+                seed=seed, log=log, repack=repack))
     except (b.BenchError, StrataError) as e:
         raise _fail(e) from None
     _bench_out(res, as_json, b.format_model_table)
@@ -392,6 +394,10 @@ def _engine_options(f):
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
                           "counters); draw it with `strata plot`."),
+        click.option("--repack/--no-repack", default=None, envvar="STRATA_REPACK", show_envvar=True,
+                     help="Prefill of IQ2_XXS/IQ2_XS/IQ3_XXS weights (avx512 path) decodes 16 rows at a time into "
+                          "an int16 scratch first (bit-identical results; its size is printed at start) "
+                          "[default: on]."),
         click.option("--watchdog-s", type=float, default=None,
                      help="Abort a request after this many seconds without progress, keeping its partial output "
                           "[default: 600; 0 = off]."),
@@ -429,7 +435,7 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode",
-           "sim_link_gbps")
+           "sim_link_gbps", "repack")
 
 
 def _with_env(cmd: click.Command) -> click.Command:
@@ -478,6 +484,9 @@ def _open_model(kwargs: dict):
         if model.has_ple:
             from .ple import describe
             click.echo(describe(model), err=True)
+        if model.repack_bytes:
+            click.echo(f"repack: prefill converts IQ weight rows 16 at a time, {model.repack_bytes / 2**10:.0f} KiB "
+                       f"of scratch over {model.n_threads} threads (--no-repack: off)", err=True)
         if trace:
             model.trace_routing(trace)
         return model

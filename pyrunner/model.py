@@ -95,7 +95,7 @@ class Model:
                  prefill_stream_min: int | None = None, expert_pack: str | None = "auto", *,
                  max_swaps: int | None = None,
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
-                 ple_step_timeout_s: float | None = None):
+                 ple_step_timeout_s: float | None = None, repack: bool | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -112,7 +112,10 @@ class Model:
         adjustment round at most (default 96). ple_madv_random (default
         True: MADV_RANDOM on the mapped PLE table; False: the kernel's readahead), ple_prefetch (default
         True: WILLNEED a prefill step's table pages first), ple_step_timeout_s (default 300: an eval
-        fails when the PLE gather worker takes longer).
+        fails when the PLE gather worker takes longer). repack (default True; STRATA_REPACK, --no-repack):
+        prefill products of IQ2_XXS / IQ2_XS / IQ3_XXS weights on the avx512 path decode 16 rows at a
+        time into a per-thread int16 scratch first (repack_bytes, reported at start; results bit-identical,
+        strata.h strata_set_repack). It is process-wide: the last Model to set it decides.
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -199,6 +202,8 @@ class Model:
             self.expert_pack = xp.ensure(path) if expert_pack == "auto" else os.fspath(expert_pack)
             self._pack_arg = ffi.new("char[]", self.expert_pack.encode())   # lives as long as the load
             p.expert_pack = self._pack_arg
+        if repack is not None:
+            lib.strata_set_repack(int(bool(repack)))
         out = ffi.new("strata_model **")
         check(lib.strata_model_load(path.encode(), p, out))
         self._ptr = ffi.gc(out[0], lib.strata_model_free)
@@ -216,6 +221,7 @@ class Model:
         self.has_ple = self.ple_layer >= 0
         self.n_mtp = int(info.n_mtp)            # MTP blocks in the file (0: no draft head)
         self.n_hidden = int(info.n_hidden)
+        self.repack_bytes = int(info.repack_bytes)   # the prefill conversion's scratch, all threads (0: none)
         self._tokenizer = None
         self._sessions = []
         self._generate_lock = threading.Lock()   # held by the call running on the model's own session

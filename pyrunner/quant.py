@@ -64,6 +64,20 @@ def quantize(type_name: str, values: np.ndarray, imatrix: np.ndarray | None = No
     return bytes(dst[:written[0]])
 
 
+def set_repack(on: bool) -> bool:
+    """Turns the prefill conversion of weight rows on or off for the whole process (strata.h
+    strata_set_repack; what --no-repack and Model(repack=False) do); returns the previous setting."""
+    return bool(lib.strata_set_repack(int(bool(on))))
+
+
+def repack_scratch_bytes(type_name: str, cols: int, isa: str = "auto") -> int:
+    """Scratch bytes one thread's prefill conversion needs for rows of cols values of this type on this
+    path; 0 where the conversion does not apply (no converted layout there, or off)."""
+    out = ffi.new("uint64_t *")
+    check(lib.strata_repack_scratch_bytes(type_id(type_name), cols, isa_id(isa), out))
+    return int(out[0])
+
+
 def matmul(type_name: str, data: bytes, rows: int, cols: int, x: np.ndarray, isa: str = "auto",
            ctx: Context | None = None) -> np.ndarray:
     """W (rows x cols, in type_name blocks) times x: (cols,) -> (rows,), (n, cols) -> (n, rows)."""

@@ -25,6 +25,8 @@ environment as it is then (tests set variables with monkeypatch).
     STRATA_WATCHDOG_S          the request watchdog (strata_watchdog_set)   trace.watchdog_seconds(None)
     STRATA_GEMM                strata_set_gemm_from (0 off, N every type    _native, at import
                                from N columns on; a measuring knob)
+    STRATA_REPACK              strata_set_repack (0 off: what --no-repack   _native, at import;
+                               does)                                        Model(repack=None)
 
 The CLI's flags also come as STRATA_<FLAG> (DESIGN §9: STRATA_DEVICE, STRATA_N_CTX, …); click parses
 those itself (`envvar=`, named by env_name() below) because it checks them like the flag (types,
@@ -54,6 +56,7 @@ PLE_TEST_STALL_MS = "STRATA_PLE_TEST_STALL_MS"
 PLE_TEST_STALL_AT = "STRATA_PLE_TEST_STALL_AT"
 WATCHDOG_S = "STRATA_WATCHDOG_S"
 GEMM = "STRATA_GEMM"
+REPACK = "STRATA_REPACK"
 ISA = "STRATA_ISA"
 
 
@@ -104,6 +107,11 @@ def gemm_from() -> int | None:
     if v is not None and v < 0:
         raise ValueError(f"{GEMM}={v}: give 0 (off) or a column count N > 0")
     return v
+
+
+def repack() -> bool | None:
+    """STRATA_REPACK: 0 turns the prefill conversion of weight rows off (strata_set_repack); None: on."""
+    return _flag(REPACK)
 
 
 def isa() -> str | None:

@@ -305,3 +305,60 @@ def test_row_group_kernels_match_scalar(name, isa):
                         a = quant.matmul(name, data, rows, cols, x, isa="scalar")
                         b = quant.matmul(name, data, rows, cols, x, isa=isa)
                         assert_bits_equal(a, b, f"{name} {isa} {kind} {rows}x{cols} n={n} {style}")
+
+
+CONV_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS"]
+
+
+def conv_cases():
+    """(rows, blocks, columns) for the prefill conversion (products of >= 96 columns): every row count
+    1..37 (partial and whole groups of 16) and block count 1..40, columns 96..99 (the 3-column passes'
+    remainders) and 512, in a cyclic walk, plus the extremes with each other."""
+    rows, blocks, cols = list(range(1, 38)), list(range(1, 41)), [96, 97, 98, 99, 512]
+    walk = [(rows[i % len(rows)], blocks[(7 * i) % len(blocks)], cols[i % len(cols)]) for i in range(40)]
+    return walk + [(r, b, c) for r in (1, 37) for b in (1, 40) for c in (96, 512)]
+
+
+@pytest.mark.parametrize("name", CONV_TYPES)
+def test_repacked_equals_plain(name):
+    """The prefill conversion (strata_set_repack: rows decoded once into int16 weights across the lanes)
+    against the plain kernels of the same path and the scalar reference, bit for bit, on every path
+    here that has it; paths without it are named in the skip."""
+    paths = [isa for isa in FAST_ISAS if isa_supported(isa) and quant.repack_scratch_bytes(name, 256, isa)]
+    if not paths:
+        pytest.skip(f"{name}: no path here converts rows (it is avx512's and amx's; runs here: "
+                    f"{', '.join(i for i in ISAS if isa_supported(i))})")
+    rng = np.random.default_rng(seed(name, "repack"))
+    try:
+        for i, (rows, blocks, n) in enumerate(conv_cases()):
+            cols = 256 * blocks
+            kind = ("random", "raw", "ones", "high")[i % 4]
+            data = make_blocks(name, rows * cols, kind, rng)
+            x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
+            for isa in paths:
+                quant.set_repack(False)
+                plain = quant.matmul(name, data, rows, cols, x, isa=isa)
+                quant.set_repack(True)
+                conv = quant.matmul(name, data, rows, cols, x, isa=isa)
+                assert_bits_equal(conv, plain, f"{name} {isa} {kind} rows={rows} blocks={blocks} cols={n}")
+            if i % 8 == 0:   # the scalar path costs seconds on the long rows: a sample of the cases
+                ref = quant.matmul(name, data, rows, cols, x, isa="scalar")
+                assert_bits_equal(conv, ref, f"{name} scalar {kind} rows={rows} blocks={blocks} cols={n}")
+    finally:
+        quant.set_repack(True)
+    print(f"{name}: conversion checked on {', '.join(paths)}")
+
+
+def test_repack_scratch_is_sized_and_switches_off():
+    """The scratch is 16 rows of int16 weights plus a float per row and block; off, and for types or
+    paths without a converted layout, 0."""
+    assert quant.repack_scratch_bytes("Q4_K", 2560, "scalar") == 0
+    assert quant.repack_scratch_bytes("IQ2_XS", 2560, "scalar") == 0
+    if not (isa_supported("avx512") and quant.repack_scratch_bytes("IQ2_XS", 2560, "avx512")):
+        pytest.skip("no avx512 path here: nothing converts rows")
+    assert quant.repack_scratch_bytes("IQ2_XS", 2560, "avx512") == 10 * (16 * 256 * 2 + 16 * 4)
+    try:
+        assert quant.set_repack(False) is True
+        assert quant.repack_scratch_bytes("IQ2_XS", 2560, "avx512") == 0
+    finally:
+        quant.set_repack(True)

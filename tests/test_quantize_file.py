@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -600,3 +601,49 @@ def test_prints_shares_and_progress(f32, work, capsys):
     out, err = capsys.readouterr()
     assert "quantizing [" in err and "100%" in err
     assert "Q4_K" in out and "Q6_K" in out and "%" in out
+
+
+def test_iq2_xs_prefill_repack_changes_no_bit(made):
+    """The prefill conversion of IQ2_XS rows (strata_set_repack; --no-repack turns it off) leaves every logit
+    of a 120-token prefill as it was, dense products (GDN, attention) and the shared expert's (matmul_multi)
+    alike; its scratch is sized at load (Model.repack_bytes) and 0 when off."""
+    from pyrunner import quant
+    from pyrunner.model import Model
+
+    if not quant.repack_scratch_bytes("IQ2_XS", 256):
+        pytest.skip("the best kernel path here has no converted IQ2_XS layout (avx512 and amx have)")
+    path, _ = made("iq2_xs")
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 300, 120)]
+    out = {}
+    try:
+        for on in (False, True):
+            m = Model(str(path), threads=2, n_ctx=160, kv_type="f32", repack=on)
+            out[on] = (m.repack_bytes, m.session().eval(ids, all_logits=True))
+    finally:
+        quant.set_repack(True)
+    assert out[False][0] == 0 and out[True][0] > 0
+    a, b = out[False][1], out[True][1]
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{int((a != b).sum())} logits differ"
+
+
+def test_cli_reports_the_repack_scratch_and_no_repack_turns_it_off(made):
+    """`strata generate` says at start how much scratch the prefill conversion takes; --no-repack (and
+    STRATA_REPACK=0) leave it out."""
+    from click.testing import CliRunner
+    from pyrunner import quant
+    from pyrunner.cli import main
+
+    if not quant.repack_scratch_bytes("IQ2_XS", 256):
+        pytest.skip("the best kernel path here has no converted IQ2_XS layout (avx512 and amx have)")
+    path, _ = made("iq2_xs")
+    try:
+        runs = [CliRunner().invoke(main, ["generate", "hello", "-m", str(path), "-n", "2", "--temp", "0",
+                                          "--n-ctx", "64", *args], env=env)
+                for args, env in (([], {}), (["--no-repack"], {}), ([], {"STRATA_REPACK": "0"}))]
+    finally:
+        quant.set_repack(True)
+    for r in runs:
+        assert r.exit_code == 0, r.output
+    on, off, env_off = (r.output for r in runs)
+    assert re.search(r"repack: prefill converts IQ weight rows 16 at a time, \d+ KiB of scratch over \d+ threads", on), on
+    assert "repack:" not in off and "repack:" not in env_off

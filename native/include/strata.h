@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 4
+#define STRATA_ABI_VERSION 5
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -93,6 +93,18 @@ strata_isa strata_isa_best(void);
  * kernels/cpu/gemm.c says why), 0 turns the GEMM off, N > 0 sends every weight type to it from N
  * columns on. Set it before forward calls start; returns the value it replaced. */
 int64_t strata_set_gemm_from(int64_t n_cols);
+
+/* Whether products of many token columns (prefill) convert their weight rows first, for the whole
+ * process (pyrunner sets it from --no-repack / STRATA_REPACK): on (1, the default), a product of at
+ * least 32 columns whose type has a converted layout on the kernel path (today IQ2_XXS, IQ2_XS and
+ * IQ3_XXS on avx512 and amx: kernels/cpu/avx512_iq.c) decodes 16 weight rows at a time into int16
+ * weights with the scales folded in, in a per-thread scratch (strata_model_info.repack_bytes; never
+ * a second copy of the model), and multiplies them by every column. Results are bit-identical
+ * either way. 0 turns it off. Set it before forward calls start; returns the value it replaced. */
+int32_t strata_set_repack(int32_t on);
+/* Bytes of that scratch one thread needs for a product of `type` weights with rows of `cols` values
+ * on path isa (AUTO: the best), 0 when the conversion does not apply there (or is off); *out. */
+strata_status strata_repack_scratch_bytes(int32_t type, int64_t cols, strata_isa isa, uint64_t *out);
 
 /* ---------------------------------------------------------------- context (thread pool) */
 
@@ -401,6 +413,8 @@ typedef struct strata_model_info {
     uint64_t state_bytes;   /* bytes of one session's state at n_ctx (allocated lazily) */
     int32_t n_mtp;          /* MTP blocks in the file (nextn_predict_layers; 0: none) */
     int32_t n_hidden;       /* floats of one row of the pre-mixer stream state: hc x n_embd */
+    uint64_t repack_bytes;  /* scratch of the prefill conversion (strata_set_repack), all threads, sized
+                               at load from the widest converted tensor; 0: none (off, or no such type) */
 } strata_model_info;
 
 /* Opens the GGUF, checks every hyperparameter and tensor against the qwen4exp contract, and

@@ -82,6 +82,7 @@ int32_t strata_isa_supported(strata_isa isa) {
 }
 
 int64_t strata_set_gemm_from(int64_t n_cols) { return strata_gemm_set_from(n_cols); }
+int32_t strata_set_repack(int32_t on) { return strata_matmul_set_repack(on); }
 
 strata_isa strata_isa_best(void) {
     pthread_once(&g_env_once, isa_env);
@@ -249,6 +250,18 @@ static strata_status product_args(const char *what, int32_t type, const void *w,
     if (rows == 0 || n == 0) return STRATA_OK;
     if (!w || !x || !y) return strata_fail(STRATA_ERR_INVALID_ARG, "%s: NULL buffer", what);
     *run = 1;
+    return STRATA_OK;
+}
+
+strata_status strata_repack_scratch_bytes(int32_t type, int64_t cols, strata_isa isa, uint64_t *out) {
+    const strata_qtraits *t = NULL;
+    uint64_t rs = 0;
+    int idx = 0;
+    strata_status st;
+    if (!out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_repack_scratch_bytes: out is NULL");
+    *out = 0;
+    if ((st = traits_for(type, &t)) || (st = row_size(t, cols, &rs)) || (st = isa_index(isa, &idx))) return st;
+    *out = strata_matmul_conv_bytes(t, idx, cols);
     return STRATA_OK;
 }
 

@@ -228,29 +228,35 @@ static strata_status mat(loader *ld, const char *fmt, int il, int64_t cols, int6
 
 static void mat_free(mdl_mat *w) { free((void *)w->scale); }
 
-void mdl_model_release(strata_model *m) {
+void mdl_for_each_mat(strata_model *m, void (*fn)(mdl_mat *w, void *arg), void *arg) {
     for (int il = 0; m->layers && il < m->hp.n_layer + m->hp.n_mtp; il++) {
         mdl_layer *l = &m->layers[il];
-        for (int k = 0; k < 2; k++) {
-            free(l->hc_norm[k]);
-            mat_free(&l->hc_down[k]); mat_free(&l->hc_up[k]); mat_free(&l->hc_inject[k]);
-        }
+        for (int k = 0; k < 2; k++) { fn(&l->hc_down[k], arg); fn(&l->hc_up[k], arg); fn(&l->hc_inject[k], arg); }
         mdl_mat *mats[] = {&l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha, &l->ssm_out, &l->attn_q,
                            &l->attn_k, &l->attn_v, &l->attn_o, &l->idx_q, &l->idx_k, &l->router, &l->exp_gate,
                            &l->exp_up, &l->exp_down, &l->sh_gate, &l->sh_up, &l->sh_down, &l->ple_key,
                            &l->ple_value};
-        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) mat_free(mats[k]);
+        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) fn(mats[k], arg);
+    }
+    mdl_mat *top[] = {&m->output, &m->mtp_eh_proj, &m->mtp_head_down, &m->mtp_head_up, &m->out_hc_down,
+                      &m->out_hc_up};
+    for (size_t k = 0; k < sizeof top / sizeof top[0]; k++) fn(top[k], arg);
+}
+
+static void free_mat(mdl_mat *w, void *arg) { (void)arg; mat_free(w); }
+
+void mdl_model_release(strata_model *m) {
+    mdl_for_each_mat(m, free_mat, NULL);
+    for (int il = 0; m->layers && il < m->hp.n_layer + m->hp.n_mtp; il++) {
+        mdl_layer *l = &m->layers[il];
+        for (int k = 0; k < 2; k++) free(l->hc_norm[k]);
         float *vs[] = {l->ssm_conv, l->ssm_dt_bias, l->ssm_a, l->ssm_norm, l->attn_q_norm, l->attn_k_norm,
                        l->idx_q_norm, l->idx_k_norm, l->sh_inp_gate, l->ple_norm_key, l->ple_norm_query,
                        l->ple_norm_conv, l->ple_conv};
         for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) free(vs[k]);
     }
-    mat_free(&m->output);
     free(m->mtp_enorm); free(m->mtp_hnorm); free(m->mtp_head_norm);
-    mat_free(&m->mtp_eh_proj); mat_free(&m->mtp_head_down); mat_free(&m->mtp_head_up);
     free(m->out_hc_norm);
-    mat_free(&m->out_hc_down);
-    mat_free(&m->out_hc_up);
     mdl_ple_close(m);
     free(m->layers);
     m->layers = NULL;

@@ -21,6 +21,15 @@
 #include "ple/ple.h"
 #include "util/error.h"
 #include "util/trace.h"
+#include "kernels/cpu/matmul.h"
+
+/* The widest conversion scratch one thread needs (matmul.c's conversion path), into m->repack_bytes. */
+static void widest_conv(mdl_mat *w, void *arg) {
+    strata_model *m = arg;
+    if (!w->t) return;
+    const uint64_t b = strata_matmul_conv_bytes(w->t, m->isa, w->cols);
+    if (b > m->repack_bytes) m->repack_bytes = b;
+}
 
 uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
 
@@ -78,6 +87,8 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     m->pool = strata_context_pool(m->ctx);
     m->params.n_threads = strata_context_n_threads(m->ctx);
     m->isa = (int)strata_isa_best() - 1; /* STRATA_ISA_IDX_* */
+    mdl_for_each_mat(m, widest_conv, m);
+    m->repack_bytes *= (uint64_t)m->params.n_threads;
     pthread_mutex_init(&m->trace_mu, NULL);
     if ((rc = mdl_offload_open(m))) goto fail;
     *out = m;
@@ -122,6 +133,7 @@ strata_status strata_model_get_info(const strata_model *m, strata_model_info *ou
     out->state_bytes = mdl_state_bytes(m, m->params.n_ctx);
     out->n_mtp = m->hp.n_mtp;
     out->n_hidden = (int32_t)(m->hp.hc * m->hp.n_embd);
+    out->repack_bytes = m->repack_bytes;
     return STRATA_OK;
 }
 

@@ -144,6 +144,7 @@ struct strata_model {
     mdl_mat mtp_head_down;     /* r_hc x hc*E */
     mdl_mat mtp_head_up;       /* hc*E x r_hc */
     uint64_t weight_bytes;
+    uint64_t repack_bytes;     /* strata_model_info.repack_bytes (model.c) */
     off_engine *off;           /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
@@ -253,6 +254,8 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
 /* load.c: hyperparameters and weights (m->gguf, m->params set); release frees owned copies. */
 strata_status mdl_model_load(strata_model *m);
 void mdl_model_release(strata_model *m);
+/* fn(w, arg) for every weight matrix of the model (unbound ones have t == NULL). */
+void mdl_for_each_mat(strata_model *m, void (*fn)(mdl_mat *w, void *arg), void *arg);
 /* load.c: the offload engine over descriptors of the trunk's routed experts (m->off; stays NULL on
  * the plain CPU path: device cpu without tail skip); close frees it (before the weights go). */
 strata_status mdl_offload_open(strata_model *m);

@@ -59,3 +59,8 @@ void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int is
     (void)isa;
     act_q8_256_scalar(x, y, n);
 }
+
+void strata_act_widen_q8_256(const act_q8_256 *x, int64_t n, int16_t *dst) {
+    for (int64_t b = 0; b < n / QK_K; b++)
+        for (int i = 0; i < QK_K; i++) dst[b * QK_K + i] = x[b].qs[i];
+}

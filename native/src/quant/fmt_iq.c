@@ -223,5 +223,11 @@ void strata_quant_register_iq(strata_qtraits *t) {
     t[GT_IQ3_XXS].rows[STRATA_ISA_IDX_AVX512] = strata_avx512_rows_iq3_xxs;
     for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++)
         t[T].rows_when[STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED;
+    t[GT_IQ2_XXS].conv[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_iq2_xxs;
+    t[GT_IQ2_XS].conv[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_iq2_xs;
+    t[GT_IQ3_XXS].conv[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_iq3_xxs;
+    t[GT_IQ2_XXS].conv_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_dot_iq2;
+    t[GT_IQ2_XS].conv_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_dot_iq2;
+    t[GT_IQ3_XXS].conv_dot[STRATA_ISA_IDX_AVX512] = strata_avx512_conv_dot_iq3;
 #endif
 }

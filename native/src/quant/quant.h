@@ -109,6 +109,16 @@ enum {
     STRATA_ROWS_SHORT1 = 2, /* one column, rows of at most 16 blocks */
     STRATA_ROWS_BIASED = 4  /* it reads activations stored biased (codes q ^ 0x80; strata_act_bias_q8_256) */
 };
+/* Converted rows ("repack" for prefill, matmul.c): up to STRATA_CONV_ROWS weight rows (w_row bytes
+ * apart, n values each) decoded once into dst, a layout of the path's own whose product with many
+ * columns needs no decoding; dst 64-byte aligned; dst NULL: returns the bytes it needs, else the
+ * bytes written. conv_dot: y[c * ldy + r] = what vec_dot returns for row r (< nrows) and column c
+ * (unbiased activations, x_stride bytes apart), bit for bit; x16 holds the same columns' codes
+ * widened to int16, n per column (strata_act_widen_q8_256). */
+#define STRATA_CONV_ROWS 16
+typedef size_t (*strata_conv_fn)(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst);
+typedef void (*strata_conv_dot_fn)(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                                   const int16_t *x16, int ncols, float *y, int64_t ldy);
 /* nrows x n_per_row floats -> blocks; imatrix NULL or n_per_row weights. Returns bytes
  * written. Must be deterministic and thread-safe (called concurrently on row ranges). */
 typedef size_t (*strata_quantize_fn)(const float *src, void *dst, int64_t nrows,
@@ -124,6 +134,8 @@ typedef struct {
     strata_vec_dot_fn vec_dot[STRATA_N_ISA];
     strata_rows_fn rows[STRATA_N_ISA];       /* optional; inherited from the fallback with vec_dot */
     uint8_t rows_when[STRATA_N_ISA];         /* STRATA_ROWS_* */
+    strata_conv_fn conv[STRATA_N_ISA];       /* optional, with conv_dot; inherited from the fallback */
+    strata_conv_dot_fn conv_dot[STRATA_N_ISA];
     strata_quantize_fn quantize;
 } strata_qtraits;
 
@@ -143,6 +155,8 @@ void strata_quant_register_quantizers(strata_qtraits *t); /* sets .quantize     
 /* Activation quantizers (act.c); identical results on every path. n % block == 0. */
 void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa);
 void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int isa);
+/* The codes of n values of act_q8_256 blocks, widened to int16 (the conversion path's x16). */
+void strata_act_widen_q8_256(const act_q8_256 *x, int64_t n, int16_t *dst);
 
 /* ---------------------------------------------------------------- shared scalar helpers */
 

@@ -22,6 +22,7 @@ static void registry_init(void) {
         for (int isa = 1; isa < STRATA_N_ISA; isa++) {
             const int fb = strata_isa_fallback(isa);
             if (!t->dequant[isa]) t->dequant[isa] = t->dequant[fb];
+            if (!t->conv[isa]) { t->conv[isa] = t->conv[fb]; t->conv_dot[isa] = t->conv_dot[fb]; }
             if (!t->vec_dot[isa]) {
                 t->vec_dot[isa] = t->vec_dot[fb];
                 if (!t->rows[isa]) { t->rows[isa] = t->rows[fb]; t->rows_when[isa] = t->rows_when[fb]; }

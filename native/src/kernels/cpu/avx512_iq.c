@@ -315,3 +315,134 @@ void strata_avx512_rows_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t 
                                 size_t x_stride, int ncols, float *y, int64_t ldy) {
     rows_iq(KIND_IQ3XXS, n, w, w_row, nrows, x, x_stride, ncols, y, ldy, IQ3XXS_SIZE, 0.25f);
 }
+
+/* ---------------------------------------------------------------- converted rows (prefill)
+ *
+ * Products with many columns (matmul.c's conversion path, STRATA_CONV_ROWS = 16 rows per task):
+ * the rows are decoded once into int16 weights with the scale folded in, (2s+1) * grid * sign
+ * (|.| <= 31 * 62 < 2^15), laid out with the 16 rows across the lanes of a zmm: block b holds
+ * int32 pair words W[b][p][r] = (weight 2p, weight 2p+1) of row r, p < 128, then the 16 rows' f32
+ * d. A column then costs, per 16 rows and 256 values, 128 vpdpwssd of those words against the
+ * broadcast int16 pair of activation codes and no decoding, where the rows kernel above pays 8
+ * multiplies (maddubs + vpdpwssd) per row and block plus a block decode per 16 columns. The
+ * integer lane sums are the scalar's (pair p holds values 2p, 2p+1: scalar lane (p / 2) % 8), exact
+ * in int32, and the float step per block and lane is the scalar's, 16 rows per instruction.
+ * Measured (2560 x 2560, 512 columns, 1 thread): 78-84 GFLOP/s against the rows kernel's 55-58. The
+ * same layout lost for the K-quants, whose rows kernels multiply with vpdpbusd (DESIGN §8). */
+
+enum { CONV_PAIRS = QK_K / 2, CONV_LANES = 16,
+       CONV_BLK = CONV_PAIRS * CONV_LANES * 4 + CONV_LANES * 4, /* bytes per block of 16 rows */
+       CONV_COLS = 3 /* columns per pass: 3 x 8 int32 accumulators + the weight word register */ };
+
+/* The 16 scale factors 2s+1, one per 16 values, of an IQ block. */
+IQ_INLINE void blk_scales(int kind, const uint8_t *b, int16_t ls[16]) {
+    for (int g = 0; g < 16; g++) {
+        uint32_t s;
+        if (kind == KIND_IQ2XS) s = (uint32_t)(b[66 + g / 2] >> (4 * (g % 2))) & 15;
+        else if (kind == KIND_IQ2XXS) s = strata_rd_u32(b + 2 + 8 * (g / 2) + 4) >> 28;
+        else s = strata_rd_u32(b + 66 + 4 * (g / 2)) >> 28;
+        ls[g] = (int16_t)(2 * s + 1);
+    }
+}
+
+IQ_INLINE size_t conv_iq(int kind, int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst,
+                         size_t type_size) {
+    const int64_t nb = n / QK_K;
+    if (!dst) return (size_t)nb * CONV_BLK;
+    char *out = dst;
+    if (nrows < CONV_LANES) memset(out, 0, (size_t)nb * CONV_BLK); /* missing rows: zero weights, d = 0 */
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *b = (const uint8_t *)w + (size_t)r * w_row;
+        for (int64_t i = 0; i < nb; i++, b += type_size) {
+            iq_dec D;
+            blk_decode(kind, b, &D);
+            int16_t ls[16];
+            blk_scales(kind, b, ls);
+            int32_t v[CONV_PAIRS]; /* the row's 256 weights as int16 pairs */
+            for (int k = 0; k < 4; k++) {
+                const __m512i sw = _mm512_mask_sub_epi8(D.g[k], D.s[k], zero, D.g[k]);
+                for (int h = 0; h < 2; h++) {
+                    const __m512i w16 = _mm512_cvtepi8_epi16(h ? _mm512_extracti64x4_epi64(sw, 1)
+                                                               : _mm512_castsi512_si256(sw));
+                    const int g = 4 * k + 2 * h; /* values 64k + 32h .. +31: groups g, g + 1 */
+                    const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(ls[g])),
+                                                          _mm256_set1_epi16(ls[g + 1]), 1);
+                    _mm512_storeu_si512(v + 32 * k + 16 * h, _mm512_mullo_epi16(w16, sc));
+                }
+            }
+            int32_t *wp = (int32_t *)(out + (size_t)i * CONV_BLK);
+            for (int p = 0; p < CONV_PAIRS; p++) wp[p * CONV_LANES + r] = v[p];
+            ((float *)(wp + CONV_PAIRS * CONV_LANES))[r] = block_d(b);
+        }
+    }
+    return (size_t)nb * CONV_BLK;
+}
+
+/* Columns xc[0..m) (m <= CONV_COLS, a constant after inlining) against the converted rows. */
+IQ_INLINE void conv_pass(const char *cw, int64_t nb, const act_q8_256 *const *xc, const int16_t *const *x16, int m,
+                         float half_f, __m512 *out) {
+    __m512 facc[CONV_COLS][8];
+    for (int c = 0; c < m; c++)
+        for (int j = 0; j < 8; j++) facc[c][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, cw += CONV_BLK) {
+        const int32_t *xp[CONV_COLS];
+        for (int c = 0; c < m; c++) xp[c] = (const int32_t *)(x16[c] + i * QK_K);
+        __m512i acc[CONV_COLS][8];
+        for (int c = 0; c < m; c++)
+            for (int j = 0; j < 8; j++) acc[c][j] = _mm512_setzero_si512();
+        const int32_t *wp = (const int32_t *)cw;
+#pragma GCC unroll 128
+        for (int p = 0; p < CONV_PAIRS; p++) {
+            const __m512i wv = _mm512_load_si512(wp + p * CONV_LANES);
+            const int j = (p / 2) % 8;
+            for (int c = 0; c < m; c++) acc[c][j] = _mm512_dpwssd_epi32(acc[c][j], _mm512_set1_epi32(xp[c][p]), wv);
+        }
+        const __m512 d = _mm512_load_ps((const float *)(wp + CONV_PAIRS * CONV_LANES));
+        for (int c = 0; c < m; c++) {
+            const __m512 dd = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(xc[c][i].d)), _mm512_set1_ps(half_f));
+            for (int j = 0; j < 8; j++) facc[c][j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(acc[c][j]), facc[c][j]);
+        }
+    }
+    for (int c = 0; c < m; c++) /* strata_hsum8's order, for 16 rows at once */
+        out[c] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(facc[c][0], facc[c][4]), _mm512_add_ps(facc[c][2], facc[c][6])),
+                               _mm512_add_ps(_mm512_add_ps(facc[c][1], facc[c][5]), _mm512_add_ps(facc[c][3], facc[c][7])));
+}
+
+IQ_INLINE void conv_dot_iq(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                           const int16_t *x16, int ncols, float *y, int64_t ldy, float half_f) {
+    const int64_t nb = n / QK_K;
+    const __mmask16 keep = (__mmask16)((1u << nrows) - 1);
+    for (int c0 = 0; c0 < ncols; c0 += CONV_COLS) {
+        const act_q8_256 *xc[CONV_COLS];
+        const int16_t *xw[CONV_COLS];
+        const int m = ncols - c0 < CONV_COLS ? ncols - c0 : CONV_COLS;
+        for (int c = 0; c < m; c++) {
+            xc[c] = (const act_q8_256 *)((const char *)x + (size_t)(c0 + c) * x_stride);
+            xw[c] = x16 + (size_t)(c0 + c) * (size_t)n;
+        }
+        __m512 out[CONV_COLS];
+        if (m == 3) conv_pass(conv, nb, xc, xw, 3, half_f, out);
+        else if (m == 2) conv_pass(conv, nb, xc, xw, 2, half_f, out);
+        else conv_pass(conv, nb, xc, xw, 1, half_f, out);
+        for (int c = 0; c < m; c++) _mm512_mask_storeu_ps(y + (int64_t)(c0 + c) * ldy, keep, out[c]);
+    }
+}
+
+size_t strata_avx512_conv_iq2_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst) {
+    return conv_iq(KIND_IQ2XXS, n, w, w_row, nrows, dst, IQ2XXS_SIZE);
+}
+size_t strata_avx512_conv_iq2_xs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst) {
+    return conv_iq(KIND_IQ2XS, n, w, w_row, nrows, dst, IQ2XS_SIZE);
+}
+size_t strata_avx512_conv_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst) {
+    return conv_iq(KIND_IQ3XXS, n, w, w_row, nrows, dst, IQ3XXS_SIZE);
+}
+void strata_avx512_conv_dot_iq2(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                                const int16_t *x16, int ncols, float *y, int64_t ldy) {
+    conv_dot_iq(n, conv, nrows, x, x_stride, x16, ncols, y, ldy, 0.125f);
+}
+void strata_avx512_conv_dot_iq3(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                                const int16_t *x16, int ncols, float *y, int64_t ldy) {
+    conv_dot_iq(n, conv, nrows, x, x_stride, x16, ncols, y, ldy, 0.25f);
+}

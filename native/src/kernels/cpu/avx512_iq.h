@@ -21,6 +21,16 @@ void strata_avx512_rows_iq2_xs(int64_t n, const void *w, size_t w_row, int64_t n
                                size_t x_stride, int ncols, float *y, int64_t ldy);
 void strata_avx512_rows_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                                 size_t x_stride, int ncols, float *y, int64_t ldy);
+
+/* Converted rows (quant.h strata_conv_fn / strata_conv_dot_fn): int16 weights with the scale folded
+ * in, 16 rows across the lanes; conv_dot_iq2 serves IQ2_XXS and IQ2_XS, conv_dot_iq3 IQ3_XXS. */
+size_t strata_avx512_conv_iq2_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst);
+size_t strata_avx512_conv_iq2_xs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst);
+size_t strata_avx512_conv_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t nrows, void *dst);
+void strata_avx512_conv_dot_iq2(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                                const int16_t *x16, int ncols, float *y, int64_t ldy);
+void strata_avx512_conv_dot_iq3(int64_t n, const void *conv, int64_t nrows, const void *x, size_t x_stride,
+                                const int16_t *x16, int ncols, float *y, int64_t ldy);
 #endif
 
 #endif

@@ -30,4 +30,13 @@ typedef struct {
 } strata_mm_item;
 strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items);
 
+/* The conversion path ("repack" for prefill; quant.h strata_conv_fn): a product of at least 32 columns
+ * whose type has conv[isa] decodes STRATA_CONV_ROWS rows at a time once into a thread's scratch and
+ * multiplies them by every column; results are the same bit for bit. strata_matmul_set_repack(0)
+ * turns it off process-wide (strata_set_repack; returns the previous setting).
+ * strata_matmul_conv_bytes: the scratch one thread needs for rows of `cols` values (0: no
+ * conversion for this type and path, or off). */
+int strata_matmul_set_repack(int on);
+size_t strata_matmul_conv_bytes(const strata_qtraits *t, int isa, int64_t cols);
+
 #endif

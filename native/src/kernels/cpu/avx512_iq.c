@@ -393,7 +393,10 @@ IQ_INLINE void conv_pass(const char *cw, int64_t nb, const act_q8_256 *const *xc
             for (int j = 0; j < 8; j++) acc[c][j] = _mm512_setzero_si512();
         const int32_t *wp = (const int32_t *)cw;
 #pragma GCC unroll 128
-        for (int p = 0; p < CONV_PAIRS; p++) {
+        for (int q = 0; q < CONV_PAIRS; q++) {
+            /* pairs in the order (32-value chunk, half of a lane's 4 values, lane): consecutive
+             * vpdpwssd then feed different accumulators (integer sums: any order is exact) */
+            const int p = (q & ~15) | ((q & 7) << 1) | ((q >> 3) & 1);
             const __m512i wv = _mm512_load_si512(wp + p * CONV_LANES);
             const int j = (p / 2) % 8;
             for (int c = 0; c < m; c++) acc[c][j] = _mm512_dpwssd_epi32(acc[c][j], _mm512_set1_epi32(xp[c][p]), wv);

@@ -28,9 +28,10 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def _check_rates(r: dict, prompt: int, gen: int, strata: bool = False) -> None:
-    assert set(r) == RATE_KEYS | ({"tokenize_first_s"} if strata else set())
+    assert set(r) == RATE_KEYS | ({"tokenize_first_s", "repack_bytes"} if strata else set())
     if strata:
         assert r["tokenize_first_s"] > 0
+        assert r["repack_bytes"] == 0      # a q8_0 file: no type with a converted prefill layout
     assert r["prompt_tokens"] == prompt and r["generated_tokens"] == gen
     for k in ("prefill_s", "decode_s", "prefill_tps", "decode_tps"):
         assert r[k] > 0, k
@@ -90,6 +91,8 @@ def test_table_strata_only(tiny):
     row = next(line for line in lines if line.startswith("strata "))
     assert float(row.split()[1]) > 0 and float(row.split()[2]) > 0
     assert not any(line.startswith(("llama.cpp", "ratio")) for line in lines)
+    isa = next(line for line in lines if line.startswith("kernel paths: strata "))
+    assert "(no prefill repack)" in isa, isa          # q8_0: nothing converts its rows
 
 
 def test_prompt_is_fixed_and_in_vocab():

@@ -327,8 +327,10 @@ void strata_avx512_rows_iq3_xxs(int64_t n, const void *w, size_t w_row, int64_t 
  * multiplies (maddubs + vpdpwssd) per row and block plus a block decode per 16 columns. The
  * integer lane sums are the scalar's (pair p holds values 2p, 2p+1: scalar lane (p / 2) % 8), exact
  * in int32, and the float step per block and lane is the scalar's, 16 rows per instruction.
- * Measured (2560 x 2560, 512 columns, 1 thread): 78-84 GFLOP/s against the rows kernel's 55-58. The
- * same layout lost for the K-quants, whose rows kernels multiply with vpdpbusd (DESIGN §8). */
+ * Measured (2560 x 2560, 512 columns, 1 thread): 84-92 GFLOP/s against the rows kernel's 53-58. The
+ * same layout for the K-quants (offset and min terms as 8 more vpdpwssd against the bsum pairs) lost
+ * to their rows kernels (Q4_K 77-83 vs 104-106 GFLOP/s), which multiply unsigned codes with vpdpbusd,
+ * 64 MACs per uop against vpdpwssd's 32, so they have none. */
 
 enum { CONV_PAIRS = QK_K / 2, CONV_LANES = 16,
        CONV_BLK = CONV_PAIRS * CONV_LANES * 4 + CONV_LANES * 4, /* bytes per block of 16 rows */

@@ -9,11 +9,12 @@
  * Dequantization is exact for every bit pattern (NaN payloads kept where the hardware keeps
  * them). Dot products take plain float activations (STRATA_ACT_F32).
  *
- * Summation order of vec_dot (the AVX2 path does exactly the same): 32 lanes, element i goes
- * to lane i % 32 by acc[i % 32] = fmaf(w_i, x_i, acc[i % 32]); then
- * a[j] = (acc[j] + acc[j + 8]) + (acc[j + 16] + acc[j + 24]) for j < 8, reduced with
- * strata_hsum8(a). Thirty-two lanes rather than eight give the AVX2 loop four independent
- * FMA chains per column, so a single column is not held up by FMA latency.
+ * Summation order of vec_dot (the AVX2 path does exactly the same): the GEMM's (kernels/cpu/gemm.h),
+ * so a product gives the same bits whichever path its column count sends it to (batched sequences
+ * depend on it: strata_batch_eval): element i goes to lane i % 8 by acc[i % 8] = fmaf(w_i, x_i,
+ * acc[i % 8]), i ascending; when n % 8 != 0 the lanes past the end get fmaf(0, 0, acc) once, as the
+ * GEMM's padded last group does; the lanes are reduced with strata_hsum8. (Before batching this was
+ * 32 lanes for FMA-latency headroom; one column now runs one chain of eight lanes.)
  */
 #include "quant.h"
 
@@ -37,12 +38,12 @@ static void dequant_bf16(const void *src, float *dst, int64_t n) {
 
 /* ---------------------------------------------------------------- dot products */
 
-enum { FLOAT_LANES = 32 };
+enum { FLOAT_LANES = 8 };
 
-static float lanes_reduce(const float acc[FLOAT_LANES]) {
-    float a[8];
-    for (int j = 0; j < 8; j++) a[j] = (acc[j] + acc[j + 8]) + (acc[j + 16] + acc[j + 24]);
-    return strata_hsum8(a);
+static float lanes_reduce(float acc[FLOAT_LANES], int64_t n) {
+    if (n % FLOAT_LANES)
+        for (int64_t q = n % FLOAT_LANES; q < FLOAT_LANES; q++) acc[q] = fmaf(0.0f, 0.0f, acc[q]);
+    return strata_hsum8(acc);
 }
 
 static float dot1_f32(int64_t n, const uint8_t *w, const float *x) {
@@ -52,7 +53,7 @@ static float dot1_f32(int64_t n, const uint8_t *w, const float *x) {
         memcpy(&wi, w + 4 * i, 4);
         acc[i % FLOAT_LANES] = fmaf(wi, x[i], acc[i % FLOAT_LANES]);
     }
-    return lanes_reduce(acc);
+    return lanes_reduce(acc, n);
 }
 
 static float dot1_f16(int64_t n, const uint8_t *w, const float *x) {
@@ -61,7 +62,7 @@ static float dot1_f16(int64_t n, const uint8_t *w, const float *x) {
         const float wi = strata_fp16_to_fp32(strata_rd_u16(w + 2 * i));
         acc[i % FLOAT_LANES] = fmaf(wi, x[i], acc[i % FLOAT_LANES]);
     }
-    return lanes_reduce(acc);
+    return lanes_reduce(acc, n);
 }
 
 static float dot1_bf16(int64_t n, const uint8_t *w, const float *x) {
@@ -70,7 +71,7 @@ static float dot1_bf16(int64_t n, const uint8_t *w, const float *x) {
         const float wi = strata_bf16_to_fp32(strata_rd_u16(w + 2 * i));
         acc[i % FLOAT_LANES] = fmaf(wi, x[i], acc[i % FLOAT_LANES]);
     }
-    return lanes_reduce(acc);
+    return lanes_reduce(acc, n);
 }
 
 static void vec_dot_f32(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {

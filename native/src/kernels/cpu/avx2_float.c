@@ -1,6 +1,7 @@
 /* avx2_float.c — AVX2 dequantization and dot products of F32, F16, BF16.
- * Same summation order as quant/fmt_float.c: element i into lane i % 32 by FMA, lanes folded
- * as (l + l+8) + (l+16 + l+24), then strata_hsum8_avx2. */
+ * Same summation order as quant/fmt_float.c and the GEMM (gemm.h): element i into lane i % 8 by
+ * FMA, i ascending, a padded last group of +0 * +0, then strata_hsum8_avx2. One chain per column:
+ * dot2 and dot4 run two and four columns side by side for the FMA latency. */
 #include "avx2_float.h"
 #include "avx2_common.h"
 
@@ -33,107 +34,50 @@ void strata_avx2_dequant_bf16(const void *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = strata_bf16_to_fp32(strata_rd_u16(p + 2 * i));
 }
 
-/* The last n % 32 elements, padded to 32: weights with -0.0 and x with +0.0, so that the
- * padded lanes do fma(-0, +0, acc) == acc exactly (also for acc == -0), as if untouched. */
-typedef struct {
-    uint8_t w[32 * 4];
-    float x[2][32];
-} float_tail;
+/* The last n % 8 elements, padded to 8 with +0 weights (and +0 x by the caller): fma(+0, +0, acc) =
+ * acc + 0, as the GEMM's padded group. */
+static inline __m256 tail_w8(wfmt f, const uint8_t *w, int64_t rem) {
+    uint8_t t[8 * 4] = {0};
+    memcpy(t, w, (size_t)(rem * wf_size(f)));
+    return wf_load8(f, t);
+}
 
-static inline void tail_weights(wfmt f, const uint8_t *w, int64_t rem, float_tail *t) {
+static inline __m256 tail_x8(const float *x, int64_t rem) {
+    float t[8] = {0};
+    memcpy(t, x, (size_t)rem * sizeof(float));
+    return _mm256_loadu_ps(t);
+}
+
+/* Columns x[0..nc) (nc <= 4) against one weight row: each weight vector is decoded once. */
+static inline void dotn(wfmt f, int64_t n, const uint8_t *w, const float *const *x, int nc, float *y) {
     const int es = wf_size(f);
-    for (int i = 0; i < 32; i++) {
-        if (i < rem) {
-            memcpy(t->w + es * i, w + es * i, (size_t)es);
-        } else if (es == 4) {
-            const uint32_t negzero = 0x80000000u;
-            memcpy(t->w + 4 * i, &negzero, 4);
-        } else {
-            const uint16_t negzero = 0x8000u; /* -0 in F16 and in BF16 */
-            memcpy(t->w + 2 * i, &negzero, 2);
-        }
-    }
-}
-
-static inline void tail_x(const float *x, int64_t rem, float *dst) {
-    for (int i = 0; i < 32; i++) dst[i] = i < rem ? x[i] : 0.0f;
-}
-
-static inline float fold4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    return strata_hsum8_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-/* One column. */
-static inline float dot1(wfmt f, int64_t n, const uint8_t *w, const float *x) {
-    const int es = wf_size(f);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        const uint8_t *p = w + es * i;
-        a0 = _mm256_fmadd_ps(wf_load8(f, p), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(wf_load8(f, p + 8 * es), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(wf_load8(f, p + 16 * es), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(wf_load8(f, p + 24 * es), _mm256_loadu_ps(x + i + 24), a3);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 wv = wf_load8(f, w + es * i);
+        for (int c = 0; c < nc; c++) a[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[c] + i), a[c]);
     }
     if (i < n) {
-        float_tail t;
-        tail_weights(f, w + es * i, n - i, &t);
-        tail_x(x + i, n - i, t.x[0]);
-        a0 = _mm256_fmadd_ps(wf_load8(f, t.w), _mm256_loadu_ps(t.x[0]), a0);
-        a1 = _mm256_fmadd_ps(wf_load8(f, t.w + 8 * es), _mm256_loadu_ps(t.x[0] + 8), a1);
-        a2 = _mm256_fmadd_ps(wf_load8(f, t.w + 16 * es), _mm256_loadu_ps(t.x[0] + 16), a2);
-        a3 = _mm256_fmadd_ps(wf_load8(f, t.w + 24 * es), _mm256_loadu_ps(t.x[0] + 24), a3);
+        const __m256 wv = tail_w8(f, w + es * i, n - i);
+        for (int c = 0; c < nc; c++) a[c] = _mm256_fmadd_ps(wv, tail_x8(x[c] + i, n - i), a[c]);
     }
-    return fold4(a0, a1, a2, a3);
-}
-
-/* Two columns: each weight vector is decoded once and used twice (8 accumulators). */
-static inline void dot2(wfmt f, int64_t n, const uint8_t *w, const float *x, const float *z, float *y) {
-    const int es = wf_size(f);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        const uint8_t *p = w + es * i;
-        const __m256 w0 = wf_load8(f, p), w1 = wf_load8(f, p + 8 * es);
-        const __m256 w2 = wf_load8(f, p + 16 * es), w3 = wf_load8(f, p + 24 * es);
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
-        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(z + i), b0);
-        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
-        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(z + i + 8), b1);
-        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x + i + 16), a2);
-        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(z + i + 16), b2);
-        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + i + 24), a3);
-        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(z + i + 24), b3);
-    }
-    if (i < n) {
-        float_tail t;
-        tail_weights(f, w + es * i, n - i, &t);
-        tail_x(x + i, n - i, t.x[0]);
-        tail_x(z + i, n - i, t.x[1]);
-        const __m256 w0 = wf_load8(f, t.w), w1 = wf_load8(f, t.w + 8 * es);
-        const __m256 w2 = wf_load8(f, t.w + 16 * es), w3 = wf_load8(f, t.w + 24 * es);
-        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t.x[0]), a0);
-        b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(t.x[1]), b0);
-        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t.x[0] + 8), a1);
-        b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(t.x[1] + 8), b1);
-        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(t.x[0] + 16), a2);
-        b2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(t.x[1] + 16), b2);
-        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(t.x[0] + 24), a3);
-        b3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(t.x[1] + 24), b3);
-    }
-    y[0] = fold4(a0, a1, a2, a3);
-    y[1] = fold4(b0, b1, b2, b3);
+    for (int c = 0; c < nc; c++) y[c] = strata_hsum8_avx2(a[c]);
 }
 
 static inline void vec_dot(wfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
                            int ncols, float *y) {
     const char *xc = x;
-    int c = 0;
-    for (; c + 2 <= ncols; c += 2)
-        dot2(f, n, w, (const float *)(xc + (size_t)c * x_stride),
-             (const float *)(xc + (size_t)(c + 1) * x_stride), y + c);
-    if (c < ncols) y[c] = dot1(f, n, w, (const float *)(xc + (size_t)c * x_stride));
+    for (int c = 0; c < ncols; c += 4) {
+        const int nc = ncols - c < 4 ? ncols - c : 4;
+        const float *xs[4];
+        for (int k = 0; k < nc; k++) xs[k] = (const float *)(xc + (size_t)(c + k) * x_stride);
+        switch (nc) {   /* constant trip counts, so the accumulators stay in registers */
+        case 1: dotn(f, n, w, xs, 1, y + c); break;
+        case 2: dotn(f, n, w, xs, 2, y + c); break;
+        case 3: dotn(f, n, w, xs, 3, y + c); break;
+        default: dotn(f, n, w, xs, 4, y + c); break;
+        }
+    }
 }
 
 void strata_avx2_vec_dot_f32(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y) {

@@ -440,27 +440,32 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
 
 def _loop(model, sess, ids: list[int], params: SamplingParams, eog: frozenset[int], t_start: float,
           mtp: int = 0, checkpoint_at=(), draft_hook=None, watchdog_s: float = trace.DEFAULT_WATCHDOG_S,
-          halt: threading.Event | None = None):
-    """Generator: yields text pieces, returns the Completion; the request's span on the trace."""
+          halt: threading.Event | None = None, sampler: Sampler | None = None, on_token=None):
+    """Generator: yields text pieces, returns the Completion; the request's span on the trace.
+    sampler: the request's Sampler (None: Sampler(params)); on_token(token): called for every sampled
+    token that becomes part of the text (not an end-of-generation id), before its text is yielded
+    (pyrunner.engine uses both for logprobs and per-piece tokens)."""
     tr = trace.current()
     if tr is not None:
         tr.request_begin(model, sess, prompt_tokens=len(ids))
     c = None
     try:
         c = yield from _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook,
-                                    watchdog_s, halt)
+                                    watchdog_s, halt, sampler, on_token)
     finally:
         if tr is not None:
             tr.request_end(model, sess, c)
     return c
 
 
-def _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, watchdog_s, halt):
+def _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, draft_hook, watchdog_s, halt,
+                 sampler=None, on_token=None):
     """The text layer over generate_step: each step's token through the tokenizer's StreamDecoder
     and StopCriteria (end-of-generation ids, stop strings, max_tokens), the safe text yielded as it
     comes; STOP sent at the step that ends the request; then the Completion with its stats (the step
     loop's, plus generated_tokens, ttft_s, decode_s, decode_tps, which are the request's view)."""
-    sampler = Sampler(params)
+    if sampler is None:
+        sampler = Sampler(params)
     crit = StopCriteria(params.stop, eog, params.max_tokens)
     steps = generate_step(sess, ids, sampler, max_tokens=params.max_tokens, mtp=mtp, draft_hook=draft_hook,
                           checkpoint_at=checkpoint_at, watchdog_s=watchdog_s, halt=halt)
@@ -487,6 +492,8 @@ def _stream_text(model, sess, ids, params, eog, t_start, mtp, checkpoint_at, dra
                 emit += crit.feed(tok, "")
             else:
                 out_tokens.append(tok)
+                if on_token is not None:
+                    on_token(tok)
                 piece = dec.push(tok)
                 if crit.max_tokens is not None and crit.n_tokens + 1 >= crit.max_tokens:
                     piece += dec.flush()          # the last token: release an unfinished character

@@ -296,6 +296,25 @@ class Model:
         check(lib.strata_model_set_pcie_frac(self._ptr, float(frac)))
 
     # ------------------------------------------------------------------ sessions
+    def eval_batch(self, items) -> None:
+        """One forward over several sessions' tokens (strata_batch_eval): items are (session, ids int32
+        array, flags, logits out array or None, hidden out array or None), each as Session.eval hands
+        them to its batcher; the sessions must differ. Each sequence's results are bit-identical to
+        its own strata_session_eval_ex (strata.h)."""
+        seqs = ffi.new("strata_batch_seq[]", max(1, len(items)))
+        for e, (sess, ids32, flags, out, hid) in zip(seqs, items):
+            e.session = sess._live()
+            e.ids = ffi.cast("const int32_t *", ids32.ctypes.data)
+            e.n_ids = ids32.size
+            e.flags = flags
+            if out is not None:
+                e.logits = ffi.cast("float *", out.ctypes.data)
+                e.logits_capacity = out.size
+            if hid is not None:
+                e.hidden = ffi.cast("float *", hid.ctypes.data)
+                e.hidden_capacity = hid.size
+        check(lib.strata_batch_eval(seqs, len(items)))
+
     def session(self) -> "Session":
         s = Session(self)
         self._sessions.append(s)
@@ -390,6 +409,7 @@ class Session:
         self.hidden: np.ndarray | None = None   # its pre-mixer stream row, when asked for
         self._saved: list[_Saved] = []
         self._unknown = False                # an eval failed or was interrupted: the state is unknown
+        self.batcher = None                  # pyrunner.engine's batcher while the engine runs a request here
 
     # ------------------------------------------------------------------ prefix reuse
     def reuse(self, ids) -> int:
@@ -415,6 +435,23 @@ class Session:
                 return k
         self.reset()
         return 0
+
+    def reusable(self, ids) -> int:
+        """How many leading tokens of ids reuse() would give back now, changing nothing (the engine
+        picks the session a request shares most with)."""
+        if self._unknown:
+            return 0
+        n = len(self.tokens)
+        if n <= len(ids) and self.tokens == list(ids[:n]) and (n < len(ids) or self.logits is not None):
+            best = n
+        else:
+            best = 0
+        valid = self.n_valid
+        for rec in self._saved:
+            k = len(rec.tokens)
+            if best < k <= len(ids) and k <= valid and rec.tokens == list(ids[:k]):
+                best = k
+        return best
 
     def prefill(self, ids, hidden: bool = False, checkpoint_at=()) -> tuple:
         """Makes the state hold exactly ids, evaluating only what reuse() cannot give back, with
@@ -510,10 +547,13 @@ class Session:
         n0 = len(self.tokens)
         self._saved = [r for r in self._saved if len(r.tokens) <= n0]   # rows past n0 are rewritten
         try:
-            check(lib.strata_session_eval_ex(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size, flags,
-                                             ffi.cast("float *", out.ctypes.data), out.size,
-                                             ffi.cast("float *", hid.ctypes.data) if hidden else ffi.NULL,
-                                             hid.size if hidden else 0))
+            if self.batcher is not None:       # pyrunner.engine: one forward with the other sequences' tokens
+                self.batcher.eval(self, ids32, flags, out, hid)
+            else:
+                check(lib.strata_session_eval_ex(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size,
+                                                 flags, ffi.cast("float *", out.ctypes.data), out.size,
+                                                 ffi.cast("float *", hid.ctypes.data) if hidden else ffi.NULL,
+                                                 hid.size if hidden else 0))
         except StrataError as e:
             if e.status not in (lib.STRATA_ERR_INVALID_ARG, lib.STRATA_ERR_BUFFER_TOO_SMALL):
                 self._unknown = True   # refused arguments leave the state as it was; anything else does not:

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 5
+#define STRATA_ABI_VERSION 6
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -501,6 +501,29 @@ typedef enum strata_eval_flags {
 strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t flags,
                                      float *logits, uint64_t logits_capacity,
                                      float *hidden, uint64_t hidden_capacity);
+/* Several sequences in one forward (as llama_batch / llama_decode): entry i evaluates n_ids tokens of
+ * its session exactly as strata_session_eval_ex(session, ids, n_ids, flags, logits, ..., hidden, ...)
+ * would (its own positions, state, checkpoints and KEEP_STATES window), and every entry's results are
+ * bit-identical to that call's whichever other entries share the batch. The work runs in steps: step k
+ * takes tokens [k n_ubatch, (k+1) n_ubatch) of every entry that has them, and one forward runs them
+ * all: each dense product once over every row, each sequence's GDN / QSA / PLE mixer on its own state,
+ * one MoE expert group per expert for every row that picked it (so a step reads each dense weight and
+ * each picked expert once for all its sequences). Sessions must be of one model and distinct; an entry
+ * with n_ids == 0 does nothing. Every entry is checked before any is run (INVALID_ARG or
+ * BUFFER_TOO_SMALL name the entry, and nothing is touched); after any other failure every entry's
+ * session state is undefined: reset them. */
+typedef struct strata_batch_seq {
+    strata_session *session;
+    const int32_t *ids;
+    int64_t n_ids;
+    int32_t flags;              /* strata_eval_flags */
+    float *logits;              /* as strata_session_eval_ex's (NULL: none) */
+    uint64_t logits_capacity;
+    float *hidden;              /* NULL: none */
+    uint64_t hidden_capacity;
+} strata_batch_seq;
+strata_status strata_batch_eval(const strata_batch_seq *seqs, int32_t n_seqs);
+
 /* Sizes the per-token state slots of KEEP_STATES windows (n_max tokens; 0 frees them). */
 strata_status strata_session_set_spec_max(strata_session *s, int32_t n_max);
 /* Returns the session to n_past tokens, n_past in [w + 1, current] where w is n_past before the

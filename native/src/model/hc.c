@@ -11,16 +11,15 @@
 
 #include "util/error.h"
 
-strata_status mdl_hc_read(strata_session *s, const float *norm, const mdl_mat *down, const mdl_mat *up,
-                          const mdl_mat *inject, int64_t L, float *u, float *c) {
-    const strata_model *m = s->m;
+strata_status mdl_hc_read(const strata_model *m, const float *X, const float *norm, const mdl_mat *down,
+                          const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c) {
     const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
     float *xh = malloc((size_t)(L * W) * sizeof(float));
     float *g = malloc((size_t)(L * W) * sizeof(float));
     float *a = malloc((size_t)(L * (R > hc ? R : hc)) * sizeof(float));
     strata_status rc = STRATA_OK;
     if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
-    for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(s->X + t * W, norm, hc, E, m->hp.eps, xh + t * W);
+    for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(X + t * W, norm, hc, E, m->hp.eps, xh + t * W);
     if ((rc = mdl_matmul(m, down, 0, xh, L, a))) goto done;
     const float inv_hc = 1.0f / (float)hc;
     for (int64_t i = 0; i < L * R; i++) a[i] = mdl_silu(a[i] / (float)hc);

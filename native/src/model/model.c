@@ -12,6 +12,7 @@
  */
 #include "model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,21 +175,37 @@ void strata_session_reset(strata_session *s) {
 
 int64_t strata_session_n_past(const strata_session *s) { return s ? s->n_past : 0; }
 
-/* One step of L ≤ cap tokens; logits (NULL: none) of rows [row0, L) go to out, the pre-mixer
- * streams of every row to hidden (NULL: none). */
-static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, int64_t row0, float *out,
-                             float *hidden) {
-    const strata_model *m = s->m;
+/* One sequence's part of a forward step: its L tokens sit at rows [r0, r0 + L) of the step's buffers;
+ * the logits of its rows [row0, L) go to out (NULL: none), the pre-mixer streams of every row to
+ * hidden (NULL: none). */
+typedef struct {
+    strata_session *s;
+    const int32_t *ids;
+    int64_t L, r0, row0;
+    float *out, *hidden;
+} fwd_seq;
+
+/* One step of n sequences (each L <= cap tokens) in the buffers X [R x hc*E], u, y [R x E], c [R x hc]
+ * (R: the sum of the L). Every dense product runs once over all R rows and the MoE merges every
+ * row's picks into one group per expert; each sequence's PLE and mixer run on its own state. A row's
+ * numbers do not depend on the other rows (the kernels sum every row in a fixed order whatever the
+ * batch), so a sequence gets the same bits alone or in any batch. */
+static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, float *c) {
+    strata_session *s0 = q[0].s;
+    const strata_model *m = s0->m;
     const mdl_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
+    const int64_t R = q[n - 1].r0 + q[n - 1].L;
     strata_status rc;
-    /* the PLE worker hashes and gathers this step's rows while the embeddings and layer 0 run */
-    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(s, ids, L))) return rc;
-    for (int64_t t = 0; t < L; t++) {
-        float *xt = s->X + t * W;
-        m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, xt, E);
-        for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
-    }
+    /* the PLE worker hashes and gathers the first sequence's rows while the embeddings and layer 0 run
+     * (it holds one step at a time: the others submit when their PLE layer comes) */
+    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(s0, q[0].ids, q[0].L))) return rc;
+    for (int i = 0; i < n; i++)
+        for (int64_t t = 0; t < q[i].L; t++) {
+            float *xt = X + (q[i].r0 + t) * W;
+            m->tok_embd_t->dequant[0](m->tok_embd + (size_t)q[i].ids[t] * m->tok_embd_row, xt, E);
+            for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
+        }
     /* trace: one span per layer and per part (the hooks cost a branch when the recorder is off);
      * watchdog: a beat per finished part, an abort check between layers (trace.h) */
     wd_state *wd = wd_self();
@@ -202,48 +219,190 @@ static strata_status forward(strata_session *s, const int32_t *ids, int64_t L, i
         if (l->has_ple) {
             wd->part = "PLE";
             if (tr) t_p = trc_now();
-            if ((rc = mdl_ple(s, il, ids, L))) return rc;
-            if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, L, 0);
+            for (int i = 0; i < n; i++)
+                if ((rc = mdl_ple(q[i].s, il, q[i].ids, q[i].L, X + q[i].r0 * W))) return rc;
+            if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, R, 0);
             wd_beat();
         }
         wd->part = "mixer";
         if (tr) t_p = trc_now();
-        if ((rc = mdl_hc_read(s, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, s->u, s->c))) return rc;
-        rc = l->is_qsa ? mdl_qsa(s, il, s->u, L, s->y) : mdl_gdn(s, il, s->u, L, s->y);
-        if (rc) return rc;
-        mdl_hc_write(m, s->X, s->c, s->y, L);
-        if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, L, 0);
+        if ((rc = mdl_hc_read(m, X, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], R, u, c))) return rc;
+        for (int i = 0; i < n; i++) {
+            const float *ui = u + q[i].r0 * E;
+            float *yi = y + q[i].r0 * E;
+            rc = l->is_qsa ? mdl_qsa(q[i].s, il, ui, q[i].L, yi) : mdl_gdn(q[i].s, il, ui, q[i].L, yi);
+            if (rc) return rc;
+        }
+        mdl_hc_write(m, X, c, y, R);
+        if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, R, 0);
         wd_beat();
         wd->part = "MoE";
         if (tr) t_p = trc_now();
         uint64_t h0 = 0, n0 = 0;
         if (tr) off_counts(m->off, &h0, &n0);
-        if ((rc = mdl_hc_read(s, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, s->u, s->c))) return rc;
-        if ((rc = mdl_moe(s, il, s->u, L, s->y))) return rc;
-        mdl_hc_write(m, s->X, s->c, s->y, L);
+        if ((rc = mdl_hc_read(m, X, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], R, u, c))) return rc;
+        if ((rc = mdl_moe(s0, il, u, R, y))) return rc;
+        mdl_hc_write(m, X, c, y, R);
         if (tr) {
             const uint64_t t = trc_now();
             uint64_t h1 = 0, n1 = 0;
             off_counts(m->off, &h1, &n1);
             const int32_t ne = trc_take_experts();
-            trc_emit(TRC_MOE, t_p, t, il, ne >= 0 ? ne : (int32_t)(n1 - n0), L, (int64_t)(h1 - h0));
-            trc_emit(TRC_LAYER, t_l, t, il, 0, L, 0);
+            trc_emit(TRC_MOE, t_p, t, il, ne >= 0 ? ne : (int32_t)(n1 - n0), R, (int64_t)(h1 - h0));
+            trc_emit(TRC_LAYER, t_l, t, il, 0, R, 0);
         }
         wd_beat();
         wd->part = NULL;
     }
-    if (tr) trc_emit(TRC_STEP, t_step, trc_now(), (int32_t)L, (int32_t)wd->step, s->n_past, 0);
-    s->n_past += L;
-    if (hidden) memcpy(hidden, s->X, (size_t)(L * W) * sizeof(float));
-    if (!out || row0 >= L) return STRATA_OK;
-    /* the final mixer and the LM head only for the rows asked for */
-    const int64_t nr = L - row0;
-    float *Xsave = s->X;
-    s->X = Xsave + row0 * W;
-    rc = mdl_hc_read(s, m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, s->u, NULL);
-    s->X = Xsave;
-    if (rc) return rc;
-    return mdl_matmul(m, &m->output, 0, s->u, nr, out);
+    if (tr) trc_emit(TRC_STEP, t_step, trc_now(), (int32_t)R, (int32_t)wd->step, s0->n_past, 0);
+    int64_t nr = 0;   /* rows whose logits are asked for */
+    for (int i = 0; i < n; i++) {
+        q[i].s->n_past += q[i].L;
+        if (q[i].hidden) memcpy(q[i].hidden, X + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float));
+        if (q[i].out && q[i].row0 < q[i].L) nr += q[i].L - q[i].row0;
+    }
+    if (!nr) return STRATA_OK;
+    /* the final mixer and the LM head only for the rows asked for, in one product */
+    const int64_t V = hp->n_vocab;
+    if (n == 1) {
+        if ((rc = mdl_hc_read(m, X + q[0].row0 * W, m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, u, NULL)))
+            return rc;
+        return mdl_matmul(m, &m->output, 0, u, nr, q[0].out);
+    }
+    float *xs = malloc((size_t)(nr * W) * sizeof(float));
+    float *lg = malloc((size_t)(nr * V) * sizeof(float));
+    if (!xs || !lg) {
+        free(xs);
+        free(lg);
+        return strata_fail(STRATA_ERR_NOMEM, "eval: no memory for the logits of %lld rows", (long long)nr);
+    }
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!q[i].out || q[i].row0 >= q[i].L) continue;
+        const int64_t ni = q[i].L - q[i].row0;
+        memcpy(xs + k * W, X + (q[i].r0 + q[i].row0) * W, (size_t)(ni * W) * sizeof(float));
+        k += ni;
+    }
+    rc = mdl_hc_read(m, xs, m->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, u, NULL);
+    if (!rc) rc = mdl_matmul(m, &m->output, 0, u, nr, lg);
+    if (!rc) {
+        k = 0;
+        for (int i = 0; i < n; i++) {
+            if (!q[i].out || q[i].row0 >= q[i].L) continue;
+            const int64_t ni = q[i].L - q[i].row0;
+            memcpy(q[i].out, lg + k * V, (size_t)(ni * V) * sizeof(float));
+            k += ni;
+        }
+    }
+    free(xs);
+    free(lg);
+    return rc;
+}
+
+/* The checks of one eval (entry >= 0: of a batch's entry, which the message names), before anything
+ * is touched. */
+static strata_status check_eval(const strata_batch_seq *e, int entry) {
+    char at[40] = "";
+    if (entry >= 0) snprintf(at, sizeof at, "batch entry %d: ", entry);
+    const strata_session *s = e->session;
+    const int64_t n_ids = e->n_ids;
+    if (!s || (!e->ids && n_ids > 0) || n_ids < 0)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%sstrata_session_eval: null argument or negative count", at);
+    if (n_ids == 0) return STRATA_OK;
+    const strata_model *m = s->m;
+    const int64_t V = m->hp.n_vocab, W = (int64_t)m->hp.hc * m->hp.n_embd;
+    const int all_logits = (e->flags & STRATA_EVAL_ALL_LOGITS) != 0, keep = (e->flags & STRATA_EVAL_KEEP_STATES) != 0;
+    if (s->n_past + n_ids > s->n_ctx)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: %lld tokens after %lld exceed the context of %lld tokens; "
+                           "reset the session or load the model with a larger n_ctx",
+                           at, (long long)n_ids, (long long)s->n_past, (long long)s->n_ctx);
+    for (int64_t i = 0; i < n_ids; i++)
+        if (e->ids[i] < 0 || e->ids[i] >= V)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: token id %d at index %lld is outside the vocabulary "
+                               "(0..%lld)", at, e->ids[i], (long long)i, (long long)(V - 1));
+    if (e->logits) {
+        const uint64_t need = (uint64_t)(all_logits ? n_ids : 1) * (uint64_t)V;
+        if (e->logits_capacity < need)
+            return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "%seval: the logits buffer holds %llu floats, %llu needed",
+                               at, (unsigned long long)e->logits_capacity, (unsigned long long)need);
+    }
+    if (e->hidden && e->hidden_capacity < (uint64_t)n_ids * (uint64_t)W)
+        return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "%seval: the hidden buffer holds %llu floats, %llu needed",
+                           at, (unsigned long long)e->hidden_capacity,
+                           (unsigned long long)((uint64_t)n_ids * (uint64_t)W));
+    if (keep && n_ids > s->spec_max)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: a verify window of %lld tokens, but the session keeps "
+                           "states for %d (strata_session_set_spec_max)", at, (long long)n_ids, s->spec_max);
+    return STRATA_OK;
+}
+
+/* Every entry in steps of at most cap tokens a sequence: step k runs tokens [k cap, (k+1) cap) of every
+ * entry that has them, as one forward (so each sequence is cut where its own eval would cut it). */
+static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
+    strata_model *m = seqs[0].session->m;
+    const int64_t V = m->hp.n_vocab, E = m->hp.n_embd, hc = m->hp.hc, W = hc * E;
+    const int64_t cap = m->params.n_ubatch;
+    int64_t total = 0, longest = 0;
+    for (int32_t i = 0; i < n; i++) {
+        strata_session *s = seqs[i].session;
+        const int keep = (seqs[i].flags & STRATA_EVAL_KEEP_STATES) != 0;
+        total += seqs[i].n_ids;
+        if (seqs[i].n_ids > longest) longest = seqs[i].n_ids;
+        if (!seqs[i].n_ids) continue;
+        s->spec_start = keep ? s->n_past : -1;
+        s->spec_n = seqs[i].n_ids;
+        s->spec_on = keep;
+    }
+    fwd_seq *q = malloc((size_t)n * sizeof *q);
+    /* one sequence: the session's own scratch; several: the step's rows, at most n x cap */
+    float *buf = NULL;
+    if (n > 1) {
+        const int64_t rows = (n * cap < total ? n * cap : total);
+        buf = malloc((size_t)(rows * (W + 2 * E + hc)) * sizeof(float));
+    }
+    strata_status rc = STRATA_OK;
+    if (!q || (n > 1 && !buf)) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "eval: no memory for a step of %d sequences", (int)n);
+        goto done;
+    }
+    wd_eval_begin(total, cap);
+    for (int64_t i0 = 0; i0 < longest; i0 += cap) {
+        int nq = 0;
+        int64_t r = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const strata_batch_seq *e = &seqs[i];
+            if (e->n_ids <= i0) continue;
+            const int64_t L = e->n_ids - i0 < cap ? e->n_ids - i0 : cap;
+            const int last = i0 + L == e->n_ids, all = (e->flags & STRATA_EVAL_ALL_LOGITS) != 0;
+            fwd_seq *f = &q[nq++];
+            *f = (fwd_seq){.s = e->session, .ids = e->ids + i0, .L = L, .r0 = r, .row0 = L, .out = NULL,
+                           .hidden = e->hidden ? e->hidden + i0 * W : NULL};
+            if (e->logits && all) { f->out = e->logits + i0 * V; f->row0 = 0; }
+            else if (e->logits && last) { f->out = e->logits; f->row0 = L - 1; }
+            r += L;
+            /* the rows from n_past on are rewritten: only the new ids stand behind them */
+            memcpy(f->s->tokens + f->s->n_past, f->ids, (size_t)L * sizeof(int32_t));
+            f->s->n_valid = f->s->n_past;
+        }
+        wd_state *wd = wd_self();
+        wd->step = i0 / cap + 1;
+        wd->tokens = r;
+        wd->layer = -1;
+        strata_session *s0 = q[0].s;
+        rc = n > 1 ? forward(q, nq, buf, buf + r * W, buf + r * (W + E), buf + r * (W + 2 * E))
+                   : forward(q, nq, s0->X, s0->u, s0->y, s0->c);
+        if (rc) break;
+        for (int i = 0; i < nq; i++) q[i].s->n_valid = q[i].s->n_past;
+    }
+    wd_eval_end();
+done:
+    for (int32_t i = 0; i < n; i++) {
+        seqs[i].session->spec_on = 0;
+        if (rc) seqs[i].session->spec_start = -1;
+    }
+    free(q);
+    free(buf);
+    return rc;
 }
 
 strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t all_logits,
@@ -254,55 +413,38 @@ strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t
 
 strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int64_t n_ids, int32_t flags,
                                      float *logits, uint64_t logits_capacity, float *hidden, uint64_t hidden_capacity) {
-    if (!s || (!ids && n_ids > 0) || n_ids < 0)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_eval: null argument or negative count");
-    if (n_ids == 0) return STRATA_OK;
-    const strata_model *m = s->m;
-    const int64_t V = m->hp.n_vocab, W = (int64_t)m->hp.hc * m->hp.n_embd;
-    const int all_logits = (flags & STRATA_EVAL_ALL_LOGITS) != 0, keep = (flags & STRATA_EVAL_KEEP_STATES) != 0;
-    if (s->n_past + n_ids > s->n_ctx)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "eval: %lld tokens after %lld exceed the context of %lld tokens; "
-                           "reset the session or load the model with a larger n_ctx",
-                           (long long)n_ids, (long long)s->n_past, (long long)s->n_ctx);
-    for (int64_t i = 0; i < n_ids; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return strata_fail(STRATA_ERR_INVALID_ARG, "eval: token id %d at index %lld is outside the vocabulary (0..%lld)",
-                               ids[i], (long long)i, (long long)(V - 1));
-    if (logits) {
-        const uint64_t need = (uint64_t)(all_logits ? n_ids : 1) * (uint64_t)V;
-        if (logits_capacity < need)
-            return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "eval: the logits buffer holds %llu floats, %llu needed",
-                               (unsigned long long)logits_capacity, (unsigned long long)need);
+    const strata_batch_seq e = {.session = s, .ids = ids, .n_ids = n_ids, .flags = flags, .logits = logits,
+                                .logits_capacity = logits_capacity, .hidden = hidden, .hidden_capacity = hidden_capacity};
+    strata_status rc = check_eval(&e, -1);
+    if (rc || n_ids == 0) return rc;
+    return batch_eval(&e, 1);
+}
+
+strata_status strata_batch_eval(const strata_batch_seq *seqs, int32_t n_seqs) {
+    if (n_seqs < 0 || (n_seqs > 0 && !seqs))
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_batch_eval: %d entries%s", (int)n_seqs,
+                           n_seqs > 0 ? " but no array" : " (give 0 or more)");
+    /* the entries that run (n_ids > 0), checked before any state is touched */
+    strata_batch_seq *run = malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof *run);
+    if (!run) return strata_fail(STRATA_ERR_NOMEM, "strata_batch_eval: no memory");
+    int32_t n = 0;
+    strata_status rc = STRATA_OK;
+    for (int32_t i = 0; i < n_seqs && !rc; i++) {
+        if ((rc = check_eval(&seqs[i], i))) break;
+        if (seqs[i].session->m != seqs[0].session->m) {
+            rc = strata_fail(STRATA_ERR_INVALID_ARG, "batch entry %d: its session belongs to another model than entry "
+                             "0's; a batch runs sessions of one model", (int)i);
+            break;
+        }
+        for (int32_t j = 0; j < i; j++)
+            if (seqs[j].session == seqs[i].session) {
+                rc = strata_fail(STRATA_ERR_INVALID_ARG, "batch entries %d and %d name the same session; give each "
+                                 "sequence once (concatenate its tokens)", (int)j, (int)i);
+                break;
+            }
+        if (!rc && seqs[i].n_ids > 0) run[n++] = seqs[i];
     }
-    if (hidden && hidden_capacity < (uint64_t)n_ids * (uint64_t)W)
-        return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "eval: the hidden buffer holds %llu floats, %llu needed",
-                           (unsigned long long)hidden_capacity, (unsigned long long)((uint64_t)n_ids * (uint64_t)W));
-    if (keep && n_ids > s->spec_max)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "eval: a verify window of %lld tokens, but the session keeps states "
-                           "for %d (strata_session_set_spec_max)", (long long)n_ids, s->spec_max);
-    s->spec_start = keep ? s->n_past : -1;
-    s->spec_n = n_ids;
-    s->spec_on = keep;
-    wd_eval_begin(n_ids, s->cap);
-    for (int64_t i0 = 0; i0 < n_ids; i0 += s->cap) {
-        const int64_t L = n_ids - i0 < s->cap ? n_ids - i0 : s->cap;
-        wd_state *wd = wd_self();
-        wd->step = i0 / s->cap + 1;
-        wd->tokens = L;
-        wd->layer = -1;
-        const int last = i0 + L == n_ids;
-        float *out = NULL;
-        int64_t row0 = L;
-        if (logits && all_logits) { out = logits + i0 * V; row0 = 0; }
-        else if (logits && last) { out = logits; row0 = L - 1; }
-        /* the rows from n_past on are rewritten: only the new ids stand behind them */
-        memcpy(s->tokens + s->n_past, ids + i0, (size_t)L * sizeof(int32_t));
-        s->n_valid = s->n_past;
-        strata_status rc = forward(s, ids + i0, L, row0, out, hidden ? hidden + i0 * W : NULL);
-        if (rc) { s->spec_on = 0; s->spec_start = -1; wd_eval_end(); return rc; }
-        s->n_valid = s->n_past;
-    }
-    wd_eval_end();
-    s->spec_on = 0;
-    return STRATA_OK;
+    if (!rc && n > 0) rc = batch_eval(run, n);
+    free(run);
+    return rc;
 }

@@ -224,10 +224,10 @@ void mdl_rope_angles(float theta, int32_t n_rot, int64_t pos, float *cs, float *
 
 /* ---------------------------------------------------------------- blocks */
 
-/* hc.c: read -> u[L x E] (mean of gated normalised streams), c[L x hc] (NULL for the final
- * mixer: no inject). */
-strata_status mdl_hc_read(strata_session *s, const float *norm, const mdl_mat *down, const mdl_mat *up,
-                          const mdl_mat *inject, int64_t L, float *u, float *c);
+/* hc.c: read of the streams X[L x hc*E] -> u[L x E] (mean of gated normalised streams), c[L x hc]
+ * (NULL for the final mixer: no inject). */
+strata_status mdl_hc_read(const strata_model *m, const float *X, const float *norm, const mdl_mat *down,
+                          const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c);
 /* X_j += c_j * y for every stream. */
 void mdl_hc_write(const strata_model *m, float *X, const float *c, const float *y, int64_t L);
 
@@ -238,8 +238,8 @@ strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, floa
 strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
                          float *y);
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
-/* Adds PLE(X) to X for tokens ids[0..L). */
-strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L);
+/* Adds PLE(X) to the streams X[L x hc*E] of s's tokens ids[0..L). */
+strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, float *X);
 /* Optional: hands the step's n-gram gather to the PLE worker early (call it before layer 0 so
  * the gather overlaps it); mdl_ple submits itself when this was not called. */
 strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L);

@@ -21,8 +21,7 @@
  * Cache: rows [pos0, pos0 + n) of the MTP cache are replaced; rows before pos0 are read as they
  * are (a draft-extend writes them conditioned on the trunk, chain steps on the previous step).
  * Work goes in steps of at most the session's cap rows, in buffers of this file's own: the
- * session's scratch (s->X, u, y, c) keeps what the trunk's last eval left there (mdl_hc_read
- * reads s->X, so the pointer is swapped for the call and put back).
+ * session's scratch (s->X, u, y, c) keeps what the trunk's last eval left there.
  *
  * Arguments are checked before anything is written; after a failure past that point (no memory)
  * the MTP cache's rows from pos0 on are undefined until a call rewrites them.
@@ -58,13 +57,11 @@ static strata_status mtp_step(strata_session *s, const float *hidden, const int3
     }
     /* r_s = eh_proj · [ê | ĥ_s]: L*hc rows of E, which is X's [L x hc*E] layout */
     if ((rc = mdl_matmul(m, &m->mtp_eh_proj, 0, in2, L * hc, X))) return rc;
-    /* the decoder block, as a trunk QSA layer in model.c's forward; mdl_hc_read reads s->X */
-    float *Xsave = s->X;
-    s->X = X;
-    if ((rc = mdl_hc_read(s, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, u, c))) goto out;
+    /* the decoder block, as a trunk QSA layer in model.c's forward */
+    if ((rc = mdl_hc_read(m, X, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, u, c))) goto out;
     if ((rc = mdl_qsa_at(s, il, &s->ls[il], p0, u, L, y))) goto out;
     mdl_hc_write(m, X, c, y, L);
-    if ((rc = mdl_hc_read(s, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, u, c))) goto out;
+    if ((rc = mdl_hc_read(m, X, l->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, u, c))) goto out;
     if ((rc = mdl_moe(s, il, u, L, y))) goto out;
     mdl_hc_write(m, X, c, y, L);
     if (row0 < L) {
@@ -72,13 +69,11 @@ static strata_status mtp_step(strata_session *s, const float *hidden, const int3
         if (chain) memcpy(chain, X + row0 * W, (size_t)(nr * W) * sizeof(float));
         if (logits) {
             /* the MTP's own mixer (no inject), then the trunk's LM head */
-            s->X = X + row0 * W;
-            if ((rc = mdl_hc_read(s, m->mtp_head_norm, &m->mtp_head_down, &m->mtp_head_up, NULL, nr, u, NULL))) goto out;
+            if ((rc = mdl_hc_read(m, X + row0 * W, m->mtp_head_norm, &m->mtp_head_down, &m->mtp_head_up, NULL, nr, u, NULL))) goto out;
             rc = mdl_matmul(m, &m->output, 0, u, nr, logits);
         }
     }
 out:
-    s->X = Xsave;
     return rc;
 }
 

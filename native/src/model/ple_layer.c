@@ -291,7 +291,7 @@ strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L) {
     return STRATA_OK;
 }
 
-strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) {
+strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, float *X) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
@@ -371,7 +371,7 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) 
     for (int64_t t = 0; t < L; t++) {
         float *kt = key + t * W, *gt = gv + t * W;
         mdl_group_rmsnorm(kt, l->ple_norm_key, hc, E, hp->eps, kt);
-        mdl_group_rmsnorm(s->X + t * W, l->ple_norm_query, hc, E, hp->eps, qry);
+        mdl_group_rmsnorm(X + t * W, l->ple_norm_query, hc, E, hp->eps, qry);
         for (int64_t j = 0; j < hc; j++) {
             float d = 0.0f;
             for (int64_t e = 0; e < E; e++) d += kt[j * E + e] * qry[j * E + e];
@@ -383,7 +383,7 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L) 
         mdl_group_rmsnorm(gt, l->ple_norm_conv, hc, E, hp->eps, gvn + t * W);
     }
     for (int64_t t = 0; t < L; t++) {
-        float *xt = s->X + t * W;
+        float *xt = X + t * W;
         const float *gt = gv + t * W;
         for (int64_t c = 0; c < W; c++) {
             const float *w = l->ple_conv + c * Kp;

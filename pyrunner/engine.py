@@ -1,0 +1,583 @@
+"""engine.py — many requests at once on one model: continuous batching of sequences.
+
+    eng = Engine(model, max_seqs=8)
+    req = eng.submit("def read_config(path):", SamplingParams(max_tokens=64, temperature=0))
+    for piece in req: print(piece.text, end="")          # or: async for piece in req.astream()
+    req.result().finish_reason
+    eng.close()
+
+How it works (vLLM's continuous batching, on generate.py's own request loop):
+  - Each running request has a worker thread that runs exactly what generate() runs for one request
+    (generate._loop: prefix reuse, prefill, sampling, MTP windows, stop strings, max tokens, stats) on
+    a session of its own. Its session's evaluations do not call libstrata themselves: Session.eval
+    hands them to the engine (Session.batcher) and waits.
+  - The engine thread runs a step whenever every running worker waits on an evaluation: one
+    strata_batch_eval (Model.eval_batch) over all of them, each sequence with its own tokens,
+    positions, state, checkpoints and verify window. Dense matmuls run once over every row, each
+    sequence's GDN / QSA / PLE mixer on its own state, and the MoE groups merge every sequence's picks,
+    so a step reads the dense weights and each picked expert once for all of them.
+  - Chunked prefill: an evaluation longer than `prefill_chunk` tokens (a prompt) runs a chunk per step;
+    each step takes every short evaluation (decode tokens, verify windows) and then prefill chunks
+    while the step's tokens stay within `token_budget` (at least one chunk per step, so a prompt always
+    advances), so a long prompt does not stall the requests that are decoding.
+  - Batch-invariant: a sequence's logits are bit-identical whichever sequences share its steps
+    (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and prefill
+    chunks are multiples of 64 tokens cut from where the evaluation starts, which the GDN's chunked
+    form splits as an unchunked evaluation does. So greedy output equals the same request run alone
+    with generate(), token for token, MTP included.
+  - Sequences: at most `max_seqs` run at once (default: as many as the memory their state needs at
+    the longest prompt + max_tokens leaves room for, at most 16); requests beyond wait in a queue of at
+    most `max_queue` (submit raises QueueFull past it). A finished request's session goes back to a pool
+    with its state and prefix-reuse checkpoints: a new request takes the free session that shares the
+    longest prefix with its prompt (a system prompt is evaluated once, then reused).
+  - cancel() ends one request at the next step (a prefill between two chunks) without disturbing the
+    others; its finish_reason is "cancelled".
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import trace
+from ._native import StrataError
+from .generate import Completion, _check_fits, _loop, end_of_generation_ids, prompt_ids
+from .sampling import Sampler, SamplingParams
+
+MAX_SEQS_DEFAULT = 16
+KEEP_STATES = 2         # strata.h STRATA_EVAL_KEEP_STATES
+RECENT_PROMPTS = 32     # prompts a new one is compared with for a shared beginning
+SHARED_MIN = 32         # a shared beginning at least this long gets a checkpoint
+GDN_CHUNK = 64          # native/src/model/gdn.c: prefill chunks are multiples of it (batch invariance)
+
+
+class QueueFull(Exception):
+    """submit() found max_seqs requests running and max_queue waiting; retry after `retry_after` s."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Cancelled(Exception):
+    """Raised inside a cancelled request's evaluation (its worker ends the request)."""
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    text: str
+    logprob: float
+    top: list = field(default_factory=list)   # [(token, text, logprob)], most likely first
+
+
+@dataclass
+class Piece:
+    text: str
+    tokens: list
+    logprobs: list | None = None
+
+
+class _LogprobSampler(Sampler):
+    """A Sampler that also records the log-probability of every token it draws, under the model's
+    distribution (log-softmax of the raw logits, as OpenAI and vLLM report), with the `n_top` most
+    likely alternatives."""
+
+    def __init__(self, params: SamplingParams, n_top: int, tokenizer):
+        super().__init__(params)
+        self.n_top = n_top
+        self.tok = tokenizer
+        self.records: collections.deque = collections.deque()
+
+    def _text(self, t: int) -> str:
+        return self.tok.token_bytes(t).decode("utf-8", "replace")
+
+    def sample(self, logits, history=()):
+        t = super().sample(logits, history)
+        x = np.asarray(logits, dtype=np.float64)
+        lse = x.max() + np.log(np.exp(x - x.max()).sum())
+        lp = x - lse
+        top = []
+        if self.n_top > 0:
+            idx = np.argpartition(-lp, min(self.n_top, lp.size - 1))[:self.n_top]
+            idx = idx[np.lexsort((idx, -lp[idx]))]
+            top = [(int(i), self._text(int(i)), float(lp[i])) for i in idx]
+        self.records.append(TokenLogprob(int(t), self._text(int(t)), float(lp[t]), top))
+        return t
+
+
+class Request:
+    """One request in an Engine: iterate it (or `async for` over astream()) for Pieces; result()
+    waits for the Completion."""
+
+    def __init__(self, engine: "Engine", rid: str, ids: list, params: SamplingParams, logprobs, mtp,
+                 checkpoint_at=()):
+        self.engine = engine
+        self.id = rid
+        self.prompt_ids = ids
+        self.prompt_tokens = len(ids)
+        self.params = params
+        self.n_logprobs = logprobs
+        self.mtp = mtp
+        self.checkpoint_at = tuple(checkpoint_at)
+        self.t_submit = time.perf_counter()
+        self.halt = threading.Event()
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._items: collections.deque = collections.deque()   # Pieces, then the Completion
+        self._cv = threading.Condition(self._lock)
+        self._async: list = []                                  # (loop, asyncio.Queue) of astream()s
+        self._completion: Completion | None = None
+        self._done = threading.Event()
+        self._iterated = False
+
+    # ------------------------------------------------------------------ the worker's side
+    def _put(self, item) -> None:
+        with self._cv:
+            self._items.append(item)
+            self._cv.notify_all()
+            for loop, q in self._async:
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, item)
+                except RuntimeError:          # that event loop is closed: its client is gone
+                    pass
+
+    def _finish(self, c: Completion) -> None:
+        self._completion = c
+        self._put(c)
+        self._done.set()
+
+    # ------------------------------------------------------------------ the consumer's side
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Ends the request at the engine's next step (finish_reason "cancelled"); the other requests
+        are not disturbed. No-op once it ended."""
+        self.cancelled = True
+        self.halt.set()
+        self.engine._wake()
+
+    def __iter__(self):
+        with self._cv:
+            if self._iterated:
+                raise RuntimeError("a Request's pieces can be iterated once")
+            self._iterated = True
+        while True:
+            with self._cv:
+                while not self._items:
+                    self._cv.wait()
+                item = self._items.popleft()
+            if isinstance(item, Completion):
+                return
+            yield item
+
+    async def astream(self):
+        """The Pieces, for asyncio code (the engine's threads hand them to this event loop)."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        with self._cv:
+            if self._iterated:
+                raise RuntimeError("a Request's pieces can be iterated once")
+            self._iterated = True
+            for item in self._items:
+                q.put_nowait(item)
+            self._items.clear()
+            self._async.append((loop, q))
+        while True:
+            item = await q.get()
+            if isinstance(item, Completion):
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> Completion:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+        return self._completion
+
+
+class _Pending:
+    """An evaluation a worker waits on: its tokens, where the next chunk starts, its outputs."""
+
+    __slots__ = ("sess", "req", "ids", "flags", "out", "hid", "pos", "error", "done", "t0")
+
+    def __init__(self, sess, req, ids, flags, out, hid):
+        self.sess, self.req, self.ids, self.flags, self.out, self.hid = sess, req, ids, flags, out, hid
+        self.pos = 0
+        self.error = None
+        self.done = threading.Event()
+
+
+class _Batcher:
+    """Session.batcher of a request's session: eval() parks the worker until a step ran its tokens."""
+
+    def __init__(self, engine: "Engine", req: Request):
+        self.engine, self.req = engine, req
+
+    def eval(self, sess, ids32, flags, out, hid) -> None:
+        if self.req.cancelled:
+            raise Cancelled(f"request {self.req.id} was cancelled")
+        p = _Pending(sess, self.req, ids32, flags, out, hid)
+        eng = self.engine
+        with eng._cv:
+            eng._pending.append(p)
+            eng._cv.notify_all()
+        p.done.wait()
+        if p.error is not None:
+            raise p.error
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class Engine:
+    """Continuous batching of requests on one Model (module docstring)."""
+
+    def __init__(self, model, max_seqs: int | None = None, max_queue: int | None = None, mtp: int | None = None,
+                 watchdog_s: float | None = None, prefill_chunk: int | None = None,
+                 token_budget: int | None = None, memory_bytes: int | None = None):
+        """max_seqs: sequences run at once (None: as many as memory_bytes (default: half of MemAvailable)
+        holds at the model's per-sequence state, at most 16). max_queue: requests waiting beyond them at
+        most (None: no bound). mtp: MTP drafts per window (None: the model's). prefill_chunk: tokens of a
+        prompt evaluated per step (a multiple of 64; default the model's step, 512). token_budget: tokens
+        per step the prefill chunks may fill (default prefill_chunk)."""
+        self.model = model
+        self.mtp = getattr(model, "mtp", 0) if mtp is None else int(mtp)
+        if self.mtp < 0:
+            raise ValueError(f"mtp must be >= 0 (got {self.mtp})")
+        self.watchdog_s = trace.watchdog_seconds(watchdog_s)
+        chunk = min(512, getattr(model, "prefill_chunk", 512)) if prefill_chunk is None else int(prefill_chunk)
+        if chunk <= 0 or chunk % GDN_CHUNK:
+            raise ValueError(f"prefill_chunk {chunk}: give a positive multiple of {GDN_CHUNK} tokens (the GDN's "
+                             f"chunk), so that batched output stays bit-identical to a request run alone")
+        self.prefill_chunk = chunk
+        self.token_budget = chunk if token_budget is None else max(1, int(token_budget))
+        self.memory_bytes = memory_bytes
+        self.max_seqs = self._fit_seqs(max_seqs)
+        if max_queue is not None and max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0 (got {max_queue})")
+        self.max_queue = max_queue
+        self._eog = end_of_generation_ids(model)
+        self._cv = threading.Condition()
+        self._queue: collections.deque = collections.deque()    # submitted, not running
+        self._running: dict = {}                                # Request -> worker thread
+        self._pending: list = []                                # _Pending evaluations
+        self._free: list = []                                   # idle sessions (prefix reuse), newest last
+        self._n_sessions = 0
+        self._closing = False
+        self._ids = itertools.count(1)
+        self.counters = collections.Counter()
+        self._tps_window: collections.deque = collections.deque()   # (time, generated tokens) per step
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_PROMPTS)
+        self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ sizing
+    def _seq_state_bytes(self) -> int:
+        m = self.model
+        return int(getattr(m, "state_bytes", 0) or 0)
+
+    def _fit_seqs(self, max_seqs: int | None) -> int:
+        if max_seqs is not None:
+            if max_seqs < 1:
+                raise ValueError(f"max_seqs must be >= 1 (got {max_seqs})")
+            return int(max_seqs)
+        budget = self.memory_bytes
+        if budget is None:
+            avail = _mem_available()
+            budget = avail // 2 if avail else None
+        per = self._seq_state_bytes()
+        if not budget or per <= 0:
+            return MAX_SEQS_DEFAULT
+        return max(1, min(MAX_SEQS_DEFAULT, budget // per))
+
+    # ------------------------------------------------------------------ the API
+    def submit(self, prompt, params: SamplingParams | None = None, *, add_special: bool = True,
+               logprobs: int | None = None, mtp: int | None = None, checkpoint_at=()) -> Request:
+        """Queues a request (prompt: text or token ids). checkpoint_at: prompt positions to keep a
+        prefix-reuse checkpoint at (e.g. where a chat's system prompt ends); the engine adds the longest
+        beginning the prompt shares with a recent request's, so from then on a free session holds it.
+        Raises ValueError (a prompt that does not fit the context, bad logprobs) and QueueFull
+        (max_seqs running and max_queue waiting)."""
+        params = params if params is not None else SamplingParams()
+        if params.max_tokens is not None and params.max_tokens < -2:
+            raise ValueError(f"max_tokens {params.max_tokens}: give a count >= 0 or -1 (no limit)")
+        if logprobs is not None and not 0 <= int(logprobs) <= 20:
+            raise ValueError(f"logprobs {logprobs}: give 0..20 alternatives")
+        ids = prompt_ids(self.model, prompt, add_special)
+        _check_fits(self.model, ids)
+        k = self.mtp if mtp is None else int(mtp)
+        if logprobs is not None:
+            k = 0            # one sampled token per logits row: what the logprobs report
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("the engine is shutting down")
+            if self.max_queue is not None and len(self._running) >= self.max_seqs \
+                    and len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._running)} requests are running and {len(self._queue)} waiting "
+                                f"(max_queue {self.max_queue}); retry later", self._retry_after())
+            cuts = set(int(c) for c in checkpoint_at if 0 < int(c) < len(ids))
+            shared = self._shared_prefix(ids)
+            if shared >= SHARED_MIN:
+                cuts.add(shared)
+            req = Request(self, f"req-{next(self._ids)}", ids, params, logprobs, k, sorted(cuts))
+            self._queue.append(req)
+            self.counters["requests_total"] += 1
+            self.counters["prompt_tokens_total"] += len(ids)
+            self._cv.notify_all()
+        return req
+
+    def _shared_prefix(self, ids) -> int:
+        """The longest beginning ids shares with one of the recent prompts (below its own length)."""
+        best = 0
+        a = np.asarray(ids)
+        for prev in self._recent:
+            n = min(len(prev), len(a) - 1)
+            if n <= best:
+                continue
+            diff = np.flatnonzero(prev[:n] != a[:n])
+            k = int(diff[0]) if diff.size else n
+            best = max(best, k)
+        self._recent.append(a)
+        return best
+
+    def _retry_after(self) -> float:
+        tps = self._tps()
+        return 1.0 if tps <= 0 else max(1.0, min(60.0, 64 * max(1, len(self._queue)) / tps))
+
+    def _tps(self) -> float:
+        w = self._tps_window
+        if len(w) < 2 or w[-1][0] <= w[0][0]:
+            return 0.0
+        return sum(n for _, n in itertools.islice(w, 1, None)) / (w[-1][0] - w[0][0])
+
+    def _count_tokens(self, n: int) -> None:
+        with self._cv:
+            now = time.perf_counter()
+            self._tps_window.append((now, n))
+            while len(self._tps_window) > 2 and now - self._tps_window[0][0] > 10.0:
+                self._tps_window.popleft()
+
+    def metrics(self) -> dict:
+        with self._cv:
+            out = {"requests_total": self.counters["requests_total"],
+                   "requests_running": len(self._running), "requests_queued": len(self._queue),
+                   "requests_finished": self.counters["requests_finished"],
+                   "requests_cancelled": self.counters["requests_cancelled"],
+                   "requests_failed": self.counters["requests_failed"],
+                   "prompt_tokens_total": self.counters["prompt_tokens_total"],
+                   "reused_prompt_tokens_total": self.counters["reused_prompt_tokens_total"],
+                   "generated_tokens_total": self.counters["generated_tokens_total"],
+                   "generated_tps": self._tps(), "steps_total": self.counters["steps_total"],
+                   "step_tokens_total": self.counters["step_tokens_total"],
+                   "max_seqs": self.max_seqs, "sessions": self._n_sessions,
+                   "drafts_proposed": self.counters["drafts_proposed"],
+                   "drafts_accepted": self.counters["drafts_accepted"]}
+        off = self.model.offload_stats() if hasattr(self.model, "offload_stats") else {}
+        for k in ("cache_hits", "cache_lookups", "pcie_bytes", "cpu_bytes"):
+            out[k] = int(off.get(k, 0))
+        return out
+
+    def close(self, cancel: bool = True, timeout: float | None = None) -> dict:
+        """Stops taking requests; with cancel, cancels the running and queued ones (else lets them
+        finish, waiting at most `timeout` s before cancelling the rest). Returns {"finished": [ids],
+        "cancelled": [ids]} of the requests in flight when it was called."""
+        with self._cv:
+            self._closing = True
+            inflight = list(self._running) + list(self._queue)
+            self._cv.notify_all()
+        if not cancel:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for r in inflight:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                r._done.wait(left)
+        for r in inflight:
+            if not r.done:
+                r.cancel()
+        for r in inflight:
+            r._done.wait(30)
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(30)
+        gone = {r.id for r in inflight if r.done and r.result(0).finish_reason == "cancelled"}
+        return {"finished": [r.id for r in inflight if r.id not in gone], "cancelled": [r.id for r in inflight if r.id in gone]}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------------ sessions
+    def _take_session(self, ids):
+        """The free session that shares the longest prefix with ids (a new one while fewer than
+        max_seqs exist; else the least recently used free one)."""
+        best, best_n = None, 0
+        for s in self._free:
+            n = s.reusable(ids)
+            if n > best_n:
+                best, best_n = s, n
+        if best is None:
+            if self._n_sessions < self.max_seqs:
+                self._n_sessions += 1
+                return self.model.session()
+            best = self._free[0]
+        self._free.remove(best)
+        return best
+
+    # ------------------------------------------------------------------ the engine thread
+    _stop = False
+    step_log = None      # a list: every step appends {"short": evaluations taken whole, "prefill_tokens"}
+
+    def _run(self) -> None:
+        trace.watchdog(self.watchdog_s)
+        while True:
+            with self._cv:
+                while True:
+                    if self._stop:
+                        return
+                    self._admit()
+                    self._drop_cancelled()
+                    if self._pending and len(self._pending) >= len(self._running):
+                        break
+                    self._cv.wait(0.5)
+                batch = self._plan()
+            self._step(batch)
+
+    def _admit(self) -> None:
+        while self._queue and len(self._running) < self.max_seqs:
+            req = self._queue.popleft()
+            if req.cancelled:
+                req._finish(Completion("", [], "cancelled", {"prompt_tokens": req.prompt_tokens}))
+                self.counters["requests_cancelled"] += 1
+                continue
+            sess = self._take_session(req.prompt_ids)
+            sess.batcher = _Batcher(self, req)
+            t = threading.Thread(target=self._work, args=(req, sess), name=f"strata-{req.id}", daemon=True)
+            self._running[req] = t
+            t.start()
+
+    def _drop_cancelled(self) -> None:
+        keep = []
+        for p in self._pending:
+            if p.req.cancelled:
+                p.error = Cancelled(f"request {p.req.id} was cancelled")
+                p.done.set()
+            else:
+                keep.append(p)
+        self._pending = keep
+
+    def _plan(self) -> list:
+        """This step's (pending, start, end) chunks: every short evaluation, then prefill chunks in
+        arrival order while the budget lasts (at least one)."""
+        short, long_ = [], []
+        for p in self._pending:
+            # a verify window (KEEP_STATES) is one native call whatever its length
+            whole = p.pos == 0 and (len(p.ids) <= GDN_CHUNK or p.flags & KEEP_STATES)
+            (short if whole else long_).append(p)
+        batch = [(p, 0, len(p.ids), True) for p in short]
+        n = sum(len(p.ids) for p in short)
+        took = 0
+        for p in long_:
+            c = min(self.prefill_chunk, len(p.ids) - p.pos)
+            if took and n + c > self.token_budget:
+                break
+            batch.append((p, p.pos, p.pos + c, False))
+            n += c
+            took += 1
+        return batch
+
+    def _step(self, batch) -> None:
+        m = self.model
+        items = []
+        if self.step_log is not None:
+            self.step_log.append({"short": sum(1 for *_, sh in batch if sh),
+                                  "prefill_tokens": sum(b - a for _, a, b, sh in batch if not sh)})
+        for p, a, b, _ in batch:
+            all_rows = bool(p.flags & 1)
+            last = b == len(p.ids)
+            out = p.out[a:b] if all_rows else (p.out if last else None)
+            hid = p.hid[a:b] if p.hid is not None else None
+            items.append((p.sess, p.ids[a:b], p.flags, out, hid))
+        err = None
+        try:
+            m.eval_batch(items)
+        except StrataError as e:
+            err = trace.as_watchdog(e)
+        except BaseException as e:   # noqa: BLE001 (handed to the workers, which end their requests)
+            err = e
+        with self._cv:
+            self.counters["steps_total"] += 1
+            self.counters["step_tokens_total"] += sum(b - a for _, a, b, _ in batch)
+            for p, a, b, _ in batch:
+                p.pos = b
+                if err is not None or b == len(p.ids):
+                    p.error = err
+                    self._pending.remove(p)
+                    p.done.set()
+
+    # ------------------------------------------------------------------ a request's worker
+    def _work(self, req: Request, sess) -> None:
+        model = self.model
+        sampler = _LogprobSampler(req.params, req.n_logprobs, model.tokenizer) if req.n_logprobs is not None \
+            else Sampler(req.params)
+        got: list = []
+
+        def on_token(tok):
+            got.append(tok)
+
+        c = None
+        try:
+            gen = _loop(model, sess, req.prompt_ids, req.params, self._eog, req.t_submit, req.mtp, req.checkpoint_at, None,
+                        self.watchdog_s, req.halt, sampler, on_token)
+            try:
+                while True:
+                    text = next(gen)
+                    toks, got[:] = list(got), []
+                    lps = None
+                    if req.n_logprobs is not None:
+                        lps = [sampler.records.popleft() for _ in toks]
+                    self._count_tokens(len(toks))
+                    req._put(Piece(text, toks, lps))
+            except StopIteration as stop_it:
+                c = stop_it.value
+        except Cancelled:
+            c = None
+        except BaseException as e:   # noqa: BLE001 (the request ends with the error; the engine goes on)
+            c = Completion("", [], "error", {"prompt_tokens": req.prompt_tokens}, f"{type(e).__name__}: {e}")
+        if req.cancelled and (c is None or c.finish_reason in ("interrupted", "error")):
+            c = Completion(c.text if c else "", c.tokens if c else [], "cancelled",
+                           c.stats if c else {"prompt_tokens": req.prompt_tokens})
+        sess.batcher = None
+        with self._cv:
+            del self._running[req]
+            self._free.append(sess)
+            key = "requests_cancelled" if c.finish_reason == "cancelled" else \
+                "requests_failed" if c.finish_reason == "error" else "requests_finished"
+            self.counters[key] += 1
+            self.counters["generated_tokens_total"] += int(c.stats.get("generated_tokens", len(c.tokens)))
+            self.counters["reused_prompt_tokens_total"] += int(c.stats.get("reused_prompt_tokens", 0))
+            self.counters["drafts_proposed"] += int(c.stats.get("drafts_proposed", 0))
+            self.counters["drafts_accepted"] += int(c.stats.get("drafts_accepted", 0))
+            self._cv.notify_all()
+        req._finish(c)

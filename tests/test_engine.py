@@ -1,0 +1,281 @@
+"""Several sequences in one forward (strata_batch_eval) and the continuous-batching engine (issue 18,
+points 1-3): batched logits are bit-identical to each sequence run alone, on the cpu and sim devices
+(the offload path: resident, streamed and CPU expert groups), with verify windows, rollback and prefix
+reuse; the engine's greedy output equals generate() alone; cancellation, budget and queue bounds."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pyrunner import Model, models
+from pyrunner._native import StrataError
+from pyrunner.engine import Engine, QueueFull
+from pyrunner.generate import generate
+from pyrunner.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("engine") / "tiny-mtp.gguf"
+    models.make_model("tiny", str(out), recipe="f32", seed=3, mtp=True)
+    return str(out)
+
+
+# device settings: the plain CPU pool, and the simulated device with a small cache (some groups
+# resident, some copied over the link, some on the CPU); tail skip off: it is an approximation whose
+# choices depend on what the cache holds, so no run of it is comparable with another
+DEVICES = {"cpu": {}, "sim": {"device": "sim", "cache_gib": 0.0005, "pcie_frac": 0.5, "tail_skip": 0}}
+
+
+def _model(path, dev, **kw):
+    return Model(path, threads=2, n_ctx=1024, kv_type="f32", **DEVICES[dev], **kw)
+
+
+def _ids(rng, m, n):
+    return rng.integers(0, m.n_vocab, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("dev", list(DEVICES))
+def test_batched_logits_are_bit_identical_to_alone(tiny, dev):
+    """Sequences of very different lengths (a 700-token prompt: two native steps; a 1-token decode; a
+    70-token prompt after an earlier one) in one batch: every logits and hidden row is the alone run's."""
+    m = _model(tiny, dev)
+    rng = np.random.default_rng(1)
+    V, H = m.n_vocab, m.n_hidden
+    pre = [_ids(rng, m, n) for n in (0, 5, 40)]
+    new = [_ids(rng, m, n) for n in (700, 1, 70)]
+
+    def run(batched):
+        ss = [m.session() for _ in new]
+        for s, p in zip(ss, pre):
+            if p.size:
+                s.eval(p)
+        outs = [np.empty((n.size, V), np.float32) for n in new]
+        hids = [np.empty((n.size, H), np.float32) for n in new]
+        items = [(s, n, 1, o, h) for s, n, o, h in zip(ss, new, outs, hids)]
+        if batched:
+            m.eval_batch(items)
+        else:
+            for it in items:
+                m.eval_batch([it])
+        # then a decode step of all three together (or alone)
+        last = [np.empty(V, np.float32) for _ in new]
+        step = [(s, np.array([7], np.int32), 0, o, None) for s, o in zip(ss, last)]
+        if batched:
+            m.eval_batch(step)
+        else:
+            for it in step:
+                m.eval_batch([it])
+        return outs, hids, last, [s.n_past for s in ss]
+
+    a, b = run(False), run(True)
+    for x, y in zip(a[:3], b[:3]):
+        for u, v in zip(x, y):
+            assert np.array_equal(u, v)
+    assert a[3] == b[3] == [p.size + n.size + 1 for p, n in zip(pre, new)]
+    # and alone means the plain session call too
+    s = m.session()
+    s.eval(pre[1])
+    ref = s.eval(new[1], all_logits=True)
+    assert np.array_equal(ref, a[0][1])
+
+
+def test_verify_windows_and_rollback_in_a_batch(tiny):
+    """KEEP_STATES windows of two sessions in one batch, each rolled back to a different token: the
+    states continue exactly as the same windows run alone."""
+    m = _model(tiny, "cpu")
+    rng = np.random.default_rng(2)
+    p1, p2 = _ids(rng, m, 30), _ids(rng, m, 9)
+    w1, w2 = _ids(rng, m, 4), _ids(rng, m, 3)
+
+    def run(batched):
+        s1, s2 = m.session(), m.session()
+        s1.eval(p1)
+        s2.eval(p2)
+        for s in (s1, s2):
+            s.set_spec_max(4)
+        o1, o2 = (np.empty((w.size, m.n_vocab), np.float32) for w in (w1, w2))
+        items = [(s1, w1, 3, o1, None), (s2, w2, 3, o2, None)]
+        if batched:
+            m.eval_batch(items)
+        else:
+            for it in items:
+                m.eval_batch([it])
+        s1.rollback(30 + 2)
+        s2.rollback(9 + 1)
+        return o1, o2, s1.eval([3]), s2.eval([4])
+
+    for x, y in zip(run(False), run(True)):
+        assert np.array_equal(x, y)
+
+
+def test_a_bad_entry_is_refused_before_anything_runs(tiny):
+    m = _model(tiny, "cpu")
+    a, b = m.session(), m.session()
+    a.eval([1, 2])
+    ok = (a, np.array([3], np.int32), 0, np.empty(m.n_vocab, np.float32), None)
+    bad = (b, np.array([m.n_vocab + 5], np.int32), 0, np.empty(m.n_vocab, np.float32), None)
+    with pytest.raises(StrataError, match="batch entry 1: .*outside the vocabulary"):
+        m.eval_batch([ok, bad])
+    assert a.n_past == 2 and b.n_past == 0           # nothing ran
+    with pytest.raises(StrataError, match="batch entries 0 and 1 name the same session"):
+        m.eval_batch([ok, ok])
+    small = (b, np.array([1, 2], np.int32), 1, np.empty(m.n_vocab, np.float32), None)
+    with pytest.raises(StrataError, match="batch entry 1: .*logits buffer holds"):
+        m.eval_batch([ok, small])
+    assert a.n_past == 2 and b.n_past == 0
+    m.eval_batch([])                                   # nothing to do
+    m.eval_batch([ok])
+    assert a.n_past == 3
+
+
+PROMPTS = ["def read_config(path):", "import os\n", "class Foo:\n    def __init__(self):",
+           "for i in range(10):\n", "x = [", "# a comment about things that\n"]
+
+
+@pytest.mark.parametrize("dev", list(DEVICES))
+def test_engine_greedy_equals_generate_alone(tiny, dev):
+    """Requests of very different lengths at once (one of them a 600-token prompt, prefilled in chunks
+    while the others decode), with MTP drafts on half of them: each text and token list is what
+    generate() gives for it alone."""
+    m = _model(tiny, dev)
+    long_prompt = list(np.random.default_rng(3).integers(0, m.n_vocab, 600))
+    prompts = PROMPTS + [long_prompt]
+    limits = [24, 9, 31, 2, 17, 40, 12]
+    mtps = [0, 3, 0, 2, 0, 3, 0]
+    ref = [generate(m, p, max_tokens=n, temperature=0, mtp=k, session=m.session())
+           for p, n, k in zip(prompts, limits, mtps)]
+    with Engine(m, max_seqs=8, prefill_chunk=128) as eng:
+        reqs = [eng.submit(p, SamplingParams(max_tokens=n, temperature=0), mtp=k)
+                for p, n, k in zip(prompts, limits, mtps)]
+        got = [r.result(120) for r in reqs]
+        met = eng.metrics()
+    for r, g in zip(ref, got):
+        assert g.tokens == r.tokens and g.text == r.text and g.finish_reason == r.finish_reason
+    assert met["requests_finished"] == len(prompts)
+    assert met["drafts_proposed"] > 0
+    # steps ran several sequences at once: fewer steps than tokens evaluated one sequence at a time
+    assert met["steps_total"] < sum(limits)
+
+
+def test_sampled_requests_replay_with_their_seed(tiny):
+    m = _model(tiny, "cpu")
+    params = [SamplingParams(max_tokens=20, temperature=0.9, seed=s) for s in (1, 2, 3)]
+    ref = [generate(m, PROMPTS[i], session=m.session(), **{k: getattr(p, k) for k in
+           ("max_tokens", "temperature", "seed")}) for i, p in enumerate(params)]
+    with Engine(m, max_seqs=3) as eng:
+        got = [eng.submit(PROMPTS[i], p) for i, p in enumerate(params)]
+        got = [g.result(60) for g in got]
+    assert [g.tokens for g in got] == [r.tokens for r in ref]
+
+
+def test_a_shared_system_prompt_is_evaluated_once(tiny):
+    """Requests that share a long beginning: the second one's prefill keeps a checkpoint where its
+    prompt stops matching the first's (the engine compares it with recent prompts), so from the
+    third on a free session holds the system prompt and only the rest is evaluated; a caller that
+    knows the boundary (a chat's system message) names it with checkpoint_at and the second reuses it
+    already. The output is the same as without reuse."""
+    m = _model(tiny, "cpu")
+    system = "You are a careful assistant. " * 12
+    asks = ["Say hi.", "Count to three.", "Name a color.", "Add two and two."]
+    n_sys = len(m.tokenize(system))
+    ref = [generate(m, system + a, max_tokens=8, temperature=0, session=m.session()) for a in asks]
+    p = SamplingParams(max_tokens=8, temperature=0)
+    with Engine(m, max_seqs=2) as eng:
+        got = [eng.submit(system + a, p).result(60) for a in asks[:3]]
+        met = eng.metrics()
+    assert [c.tokens for c in got] == [c.tokens for c in ref[:3]]
+    assert got[0].stats["reused_prompt_tokens"] == got[1].stats["reused_prompt_tokens"] == 0
+    assert got[2].stats["reused_prompt_tokens"] >= n_sys - 1
+    assert met["reused_prompt_tokens_total"] >= n_sys - 1
+    with Engine(m, max_seqs=2) as eng:
+        first = eng.submit(system + asks[0], p, checkpoint_at=[n_sys - 1]).result(60)
+        rest = [eng.submit(system + a, p) for a in asks[1:]]
+        rest = [r.result(60) for r in rest]
+    assert [c.tokens for c in [first] + rest] == [c.tokens for c in ref]
+    assert rest[0].stats["reused_prompt_tokens"] >= n_sys - 1
+
+
+def test_cancel_one_request_midway(tiny):
+    """A request cancelled while the others decode ends "cancelled" within a step or two; the others'
+    output is unchanged and its session goes back to the pool."""
+    m = _model(tiny, "cpu")
+    ref = [generate(m, p, max_tokens=40, temperature=0, session=m.session()) for p in PROMPTS[:3]]
+    with Engine(m, max_seqs=3) as eng:
+        reqs = [eng.submit(p, SamplingParams(max_tokens=40, temperature=0)) for p in PROMPTS[:3]]
+        it = iter(reqs[1])
+        next(it)                                 # it has started decoding
+        reqs[1].cancel()
+        got = [r.result(60) for r in reqs]
+        met = eng.metrics()
+    assert got[1].finish_reason == "cancelled" and len(got[1].tokens) < 40
+    assert got[0].tokens == ref[0].tokens and got[2].tokens == ref[2].tokens
+    assert met["requests_cancelled"] == 1 and met["requests_running"] == 0
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(tiny):
+    """The budget: while a 900-token prompt is prefilled in 64-token chunks, every step also carries
+    the decoding request's token, and no step holds more prefill than one chunk over the budget."""
+    m = _model(tiny, "cpu")
+    with Engine(m, max_seqs=2, prefill_chunk=64, token_budget=64) as eng:
+        eng.step_log = []
+        dec = eng.submit(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0))
+        next(iter(dec))
+        long_ids = list(np.random.default_rng(4).integers(0, m.n_vocab, 900))
+        big = eng.submit(long_ids, SamplingParams(max_tokens=1, temperature=0))
+        big.result(60)
+        dec.result(60)
+        log = eng.step_log
+    chunks = [s for s in log if s["prefill_tokens"] > 0]
+    assert len(chunks) >= 900 // 64
+    assert all(s["prefill_tokens"] <= 64 for s in log)
+    both = [s for s in chunks if s["short"] > 0]
+    assert len(both) >= len(chunks) - 2      # the decode ran beside (nearly) every chunk
+
+
+def test_queue_bound_and_errors(tiny):
+    m = _model(tiny, "cpu")
+    with Engine(m, max_seqs=1, max_queue=1) as eng:
+        a = eng.submit(PROMPTS[0], SamplingParams(max_tokens=30, temperature=0))
+        b = eng.submit(PROMPTS[1], SamplingParams(max_tokens=3, temperature=0))
+        with pytest.raises(QueueFull) as e:
+            eng.submit(PROMPTS[2], SamplingParams(max_tokens=3, temperature=0))
+        assert e.value.retry_after > 0
+        with pytest.raises(ValueError, match="context"):
+            eng.submit(list(range(5)) * 300, SamplingParams(max_tokens=3))
+        assert a.result(60).finish_reason == "length" and b.result(60).finish_reason == "length"
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Engine(m, prefill_chunk=100)
+
+
+def test_close_cancels_what_is_in_flight(tiny):
+    m = _model(tiny, "cpu")
+    eng = Engine(m, max_seqs=1)
+    a = eng.submit(PROMPTS[0], SamplingParams(max_tokens=-1, temperature=0))
+    b = eng.submit(PROMPTS[1], SamplingParams(max_tokens=-1, temperature=0))
+    next(iter(a))
+    t0 = time.monotonic()
+    res = eng.close(cancel=True)
+    assert time.monotonic() - t0 < 30
+    assert sorted(res["cancelled"]) == sorted([a.id, b.id])
+    assert a.result(0).finish_reason == b.result(0).finish_reason == "cancelled"
+
+
+def test_logprobs_are_the_model_distribution(tiny):
+    m = _model(tiny, "cpu")
+    with Engine(m, max_seqs=2) as eng:
+        r = eng.submit(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0), logprobs=3)
+        pieces = list(r)
+    toks = [t for p in pieces for t in p.tokens]
+    lps = [x for p in pieces for x in p.logprobs]
+    assert len(toks) == len(lps) == 5 and [x.token for x in lps] == toks
+    s = m.session()
+    logits = s.eval(m.tokenize(PROMPTS[0]))
+    x = logits.astype(np.float64)
+    ref = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    assert lps[0].logprob == pytest.approx(ref[toks[0]], abs=1e-9)
+    assert [t for t, _, _ in lps[0].top] == list(np.argsort(-ref, kind="stable")[:3])
+    assert lps[0].top[0][0] == toks[0]                 # greedy picks the most likely

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 
 from ._native import StrataError
@@ -282,6 +283,19 @@ def shared_prefix(a: list[int] | None, b: list[int] | None) -> int:
     return i
 
 
+def _prepare(model, req: dict, defaults: SamplingParams):
+    """(params, prompt ids) of a parsed request; ValueError / TypeError for a bad one."""
+    params = SamplingParams.from_dict({**asdict(defaults), **req["sampling"]})
+    return params, request_ids(model, req)
+
+
+def _record(req: dict, c) -> dict:
+    """The OUT record of a request's Completion."""
+    if c.error is not None:
+        return {**_error(req, c.error), "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
+    return {"id": req["id"], "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
+
+
 def run_one(model, session, req: dict, defaults: SamplingParams, next_ids: list[int] | None = None,
             watchdog_s: float | None = None) -> dict:
     """The result record of one parsed request (an error record if it cannot run). next_ids: the next
@@ -290,17 +304,73 @@ def run_one(model, session, req: dict, defaults: SamplingParams, next_ids: list[
     aborted (watchdog_s, pyrunner.generate) gets an error record that keeps its partial "text",
     "finish_reason": "error" and its "stats"."""
     try:
-        params = SamplingParams.from_dict({**asdict(defaults), **req["sampling"]})
-        ids = request_ids(model, req)
-        kw = asdict(params)
+        params, ids = _prepare(model, req, defaults)
         share = shared_prefix(ids, next_ids)
         c = generate(model, ids, session=session, checkpoint_at=[share] if share else (), watchdog_s=watchdog_s,
-                     **kw)
+                     **asdict(params))
     except (ValueError, TypeError, StrataError) as e:   # bad fields, template errors, prompt too long,
         return _error(req, str(e))                           # a failed evaluation: the next line goes on
-    if c.error is not None:
-        return {**_error(req, c.error), "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
-    return {"id": req["id"], "text": c.text, "finish_reason": c.finish_reason, "stats": c.stats}
+    return _record(req, c)
+
+
+def run_records(model, reqs: list[dict], defaults: SamplingParams, on_record, parallel: int | None = None,
+                watchdog_s: float | None = None) -> None:
+    """Runs parsed requests (read_input's, error records passed through) on an Engine of `parallel`
+    sequences (None: as many as fit, at most 16), calling on_record(record) from this thread as each
+    one ends (not in input order). Greedy records equal run_one's: the engine runs generate's own loop,
+    bit-identical whatever shares a step. Up to twice `parallel` requests are in flight at a time, so
+    that a free sequence always finds the next one waiting; each request's checkpoint_at is where its
+    prompt parts from the next one's, as in the one-at-a-time run."""
+    from .engine import Engine
+
+    eng = Engine(model, max_seqs=parallel, watchdog_s=watchdog_s)
+    try:
+        window = 2 * eng.max_seqs
+        inflight: list = []          # (req, Request)
+        prepared = [None] * len(reqs)
+
+        def prep(i):
+            if prepared[i] is None and "error" not in reqs[i]:
+                try:
+                    prepared[i] = _prepare(model, reqs[i], defaults)
+                except (ValueError, TypeError, StrataError) as e:
+                    prepared[i] = e
+            return prepared[i]
+
+        def finish_one() -> None:
+            """Hands on the first finished request (waits for one)."""
+            while True:
+                for x in inflight:
+                    if x[1].done:
+                        inflight.remove(x)
+                        on_record(_record(x[0], x[1].result()))
+                        return
+                inflight[0][1].wait(0.05)
+
+        for i, req in enumerate(reqs):
+            if "error" in req:
+                on_record(req)
+                continue
+            got = prep(i)
+            if isinstance(got, Exception):
+                on_record(_error(req, str(got)))
+                continue
+            params, ids = got
+            nxt = prep(i + 1) if i + 1 < len(reqs) else None
+            share = shared_prefix(ids, nxt[1] if isinstance(nxt, tuple) else None)
+            try:
+                r = eng.submit(ids, params, checkpoint_at=[share] if share else ())
+            except (ValueError, TypeError) as e:
+                on_record(_error(req, str(e)))
+                continue
+            inflight.append((req, r))
+            prepared[i] = None
+            while len(inflight) >= window or (inflight and any(x[1].done for x in inflight)):
+                finish_one()
+        while inflight:
+            finish_one()
+    finally:
+        eng.close(cancel=True)
 
 
 class LiveStats:
@@ -331,11 +401,14 @@ class LiveStats:
 
 
 def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | None = None,
-              progress: bool = True, watchdog_s: float | None = None, retry_errors: bool = False) -> dict:
+              progress: bool = True, watchdog_s: float | None = None, retry_errors: bool = False,
+              parallel: int | None = 1) -> dict:
     """Run every request of in_path that out_path does not hold yet (with retry_errors: nor holds as
     an error); returns counts {"total", "skipped", "done", "errors", "duplicates"}. OUT is compacted
-    before and after (module docstring). The progress bar shows the running tokens/s, cache hit rate
-    and draft acceptance (LiveStats)."""
+    before and after (module docstring). parallel: sequences run at once (1: one after another in one
+    session; N > 1 or None (as many as fit, at most 16): pyrunner.engine, run_records); records are
+    appended as requests end and ordered by the compaction. The progress bar shows the running
+    tokens/s, cache hit rate and draft acceptance (LiveStats)."""
     defaults = defaults or SamplingParams()
     check_paths(in_path, out_path)
     entries, duplicates = read_input(in_path)
@@ -345,7 +418,7 @@ def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | Non
     skipped = len(entries) - len(todo)
     counts = {"total": len(entries), "skipped": skipped, "done": 0, "errors": 0, "duplicates": duplicates}
     try:
-        _run_todo(model, todo, out_path, defaults, counts, progress, watchdog_s)
+        _run_todo(model, todo, out_path, defaults, counts, progress, watchdog_s, parallel)
     except KeyboardInterrupt:
         compact(out_path, keys)     # Ctrl-C leaves OUT compact too; after a kill -9 the next start does it
         raise
@@ -353,24 +426,57 @@ def run_batch(model, in_path: str, out_path: str, defaults: SamplingParams | Non
     return counts
 
 
-def _run_todo(model, todo: list[dict], out_path: str, defaults: SamplingParams, counts: dict, progress: bool,
-              watchdog_s: float | None) -> None:
-    """Run the requests in order, appending each record to OUT as one complete line."""
-    try:
-        fd = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise BatchError(f"cannot write the output file {out_path}: {e.strerror or e}") from None
-    session = model.session()
-    bar = None
-    try:
+class RecordWriter:
+    """Appends records to OUT, each as one write() of one complete line, counting them and moving the
+    progress bar (tokens/s, cache hit rate, draft acceptance; with `overall`, the generated tokens per
+    second of wall time too, which is what several sequences at once raise)."""
+
+    def __init__(self, out_path: str, counts: dict, total: int, progress: bool, overall: bool = False):
+        self.out_path, self.counts, self.overall = out_path, counts, overall
+        try:
+            self.fd = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise BatchError(f"cannot write the output file {out_path}: {e.strerror or e}") from None
+        self.live = LiveStats()
+        self.t0 = time.perf_counter()
+        self.bar = None
         if progress:
             import click
             skipped = counts["skipped"]
-            label = f"batch: {len(todo)} to run" + (f", {skipped} already in {out_path}" if skipped else "")
-            bar = click.progressbar(length=len(todo), label=label, file=sys.stderr, show_pos=True,
-                                    show_eta=True, item_show_func=lambda item: item)
-            bar.__enter__()
-        live = LiveStats()
+            label = f"batch: {total} to run" + (f", {skipped} already in {out_path}" if skipped else "")
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
+                                         show_eta=True, item_show_func=lambda item: item)
+            self.bar.__enter__()
+
+    def __call__(self, rec: dict) -> None:
+        try:
+            _write_line(self.fd, rec)
+        except OSError as e:
+            raise BatchError(f"cannot write to the output file {self.out_path}: {e.strerror or e}; the results "
+                             f"written so far are kept, re-run the command to go on") from None
+        self.counts["errors" if "error" in rec else "done"] += 1
+        self.live.add(rec.get("stats") or {})
+        if self.bar is not None:
+            line = self.live.line()
+            if self.overall:
+                line = f"{self.live.tokens / max(time.perf_counter() - self.t0, 1e-9):.1f} tok/s overall, {line}"
+            self.bar.update(1, line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+        os.close(self.fd)
+
+
+def _run_todo(model, todo: list[dict], out_path: str, defaults: SamplingParams, counts: dict, progress: bool,
+              watchdog_s: float | None, parallel: int | None = 1) -> None:
+    """Run the requests (in order, or `parallel` at a time), appending each record to OUT."""
+    out = RecordWriter(out_path, counts, len(todo), progress, overall=parallel != 1)
+    try:
+        if parallel != 1:
+            run_records(model, todo, defaults, out, parallel, watchdog_s)
+            return
+        session = model.session()
         ids = [None] * len(todo)
         for i, req in enumerate(todo):
             if i + 1 < len(todo) and "error" not in todo[i + 1]:
@@ -379,17 +485,6 @@ def _run_todo(model, todo: list[dict], out_path: str, defaults: SamplingParams, 
                 except (ValueError, TypeError, StrataError):
                     pass                                    # run_one reports it when its turn comes
             nxt = ids[i + 1] if i + 1 < len(todo) else None
-            rec = req if "error" in req else run_one(model, session, req, defaults, nxt, watchdog_s)
-            try:
-                _write_line(fd, rec)
-            except OSError as e:
-                raise BatchError(f"cannot write to the output file {out_path}: {e.strerror or e}; the results "
-                                 f"written so far are kept, re-run the command to go on") from None
-            counts["errors" if "error" in rec else "done"] += 1
-            live.add(rec.get("stats") or {})
-            if bar is not None:
-                bar.update(1, live.line())
+            out(req if "error" in req else run_one(model, session, req, defaults, nxt, watchdog_s))
     finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
-        os.close(fd)
+        out.close()

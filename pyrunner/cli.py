@@ -788,9 +788,13 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
 @click.option("-n", "--n-predict", "max_tokens", type=int, default=256, show_default=True,
               help="Default max_tokens of a request (-1: until the model ends or the context is full).")
 @sampling_options
+@click.option("--parallel", type=click.IntRange(min=1), default=None, envvar="STRATA_PARALLEL",
+              help="Sequences run at once, batched into each forward step (default: as many as the memory "
+                   "their state needs leaves room for, at most 16; 1: one after another). Greedy output is the "
+                   "same whatever the count.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_engine_options
-def batch(in_path, out_path, retry_errors, max_tokens, quiet, **kwargs):
+def batch(in_path, out_path, retry_errors, max_tokens, parallel, quiet, **kwargs):
     """Run the requests in IN.jsonl (UTF-8; {"id", "prompt"} or {"id", "messages"} per line, plus
     optional OpenAI-named sampling fields) and write one JSON line per request to OUT.jsonl, in input
     order; a line that cannot run gets an "error" naming its line and the run goes on. Re-running the
@@ -812,7 +816,7 @@ def batch(in_path, out_path, retry_errors, max_tokens, quiet, **kwargs):
     try:
         with tracer, model:
             counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd,
-                               retry_errors=retry_errors)
+                               retry_errors=retry_errors, parallel=parallel)
     except (BatchError, StrataError) as e:
         raise _fail(e) from None
     _trace_note(tracer)

@@ -197,6 +197,10 @@ class Request:
                 return
             yield item
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the request ended (waits at most timeout s)."""
+        return self._done.wait(timeout)
+
     def result(self, timeout: float | None = None) -> Completion:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.id} did not finish in {timeout} s")

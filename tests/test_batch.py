@@ -267,3 +267,28 @@ def test_kill_9_during_retry_errors_then_resume_leaves_one_whole_record_per_id(m
     assert ref["done"] == n
     assert [x["text"] for x in recs] == [x["text"] for x in _lines(ref_out)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl", "ref.jsonl"]
+
+
+def test_parallel_gives_the_records_of_one_at_a_time(model, tmp_path):
+    """--parallel N (pyrunner.engine): the same records as --parallel 1, each id once and in input
+    order after the compaction, bad lines the same errors; requests sharing a system prompt still
+    reuse it (the engine hands a free session holding it to the next one)."""
+    system = {"role": "system", "content": "You answer in one short sentence. " * 6}
+    reqs = [{"id": f"q{i}", "messages": [system, {"role": "user", "content": f"question {i}?"}],
+             "max_tokens": 3 + i % 5, "temperature": 0} for i in range(10)]
+    reqs += [{"id": i, "prompt": f"request {i} says " * (1 + i % 7), "max_tokens": 2 + i % 9, "temperature": 0}
+             for i in range(12)]
+    reqs.insert(5, "not json")
+    reqs.insert(9, {"id": "badp", "prompt": "a", "top_p": 3})
+    inp = tmp_path / "in.jsonl"
+    _write(inp, reqs)
+    one, par = tmp_path / "one.jsonl", tmp_path / "par.jsonl"
+    c1 = run_batch(model, str(inp), str(one), progress=False, parallel=1)
+    c4 = run_batch(model, str(inp), str(par), progress=False, parallel=4)
+    assert c1 == c4
+    a, b = _lines(one), _lines(par)
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    for x, y in zip(a, b):
+        assert x.get("text") == y.get("text") and x.get("error") == y.get("error")
+        assert x.get("finish_reason") == y.get("finish_reason")
+    assert sum(r["stats"]["reused_prompt_tokens"] > 20 for r in b if "stats" in r) >= 5

@@ -335,6 +335,49 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
         click.echo(table(res))
 
 
+@bench.command("serve")
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              envvar="STRATA_MODEL", help="The GGUF to serve.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Engine threads.")
+@click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default="cpu", show_default=True)
+@click.option("--cache-gib", type=float, default=None, help="Device expert cache (sim / cuda).")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Comma-separated sequence counts.")
+@click.option("--gen-tokens", type=int, default=64, show_default=True, help="Tokens each request generates.")
+@click.option("--prompt-tokens", type=int, default=16, show_default=True, help="Prompt of each decoding request.")
+@click.option("--long-prompt", type=int, default=3000, show_default=True,
+              help="Prompt prefilled beside the decoders in the mixed runs (skipped if it does not fit n_ctx).")
+@click.option("--batch-requests", type=int, default=64, show_default=True,
+              help="Requests of the file-style batch run (0: skip it).")
+@click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
+@click.option("--batch-parallel", type=int, default=8, show_default=True, help="Its parallel run's sequences.")
+@click.option("--prefill-chunk", type=int, default=64, show_default=True,
+              help="Prompt tokens a request evaluates per step (a multiple of 64; smaller: less wait for the decoders).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, gen_tokens, prompt_tokens, long_prompt,
+                batch_requests, batch_tokens, batch_parallel, prefill_chunk, seed):
+    """Continuous batching under 1..16 concurrent sequences: generated tokens/s, time to first token,
+    inter-token p50/p99 (decode only, and beside a long prompt's prefill), expert bytes read per
+    generated token; and a file-style batch at --parallel 1 vs N (pyrunner/bench_serve.py)."""
+    from ._native import StrataError
+    from . import bench_serve as bs
+    from .model import Model
+
+    try:
+        conc = tuple(int(x) for x in concurrency.split(","))
+    except ValueError:
+        raise click.ClickException(f"--concurrency {concurrency!r}: give comma-separated counts, e.g. 1,2,4") from None
+    try:
+        with Model(model_path, threads=threads, device=device, cache_gib=cache_gib) as m:
+            res = bs.run(m, conc, gen_tokens, prompt_tokens, long_prompt, batch_requests, batch_tokens,
+                         batch_parallel, seed, progress=None if as_json else
+                         (lambda r: click.echo(f"  {r['concurrency']} {r['mode']}: {r['generated_tps']:.1f} tok/s",
+                                               err=True)), prefill_chunk=prefill_chunk)
+    except (StrataError, ValueError) as e:
+        raise _fail(e) from None
+    click.echo(json.dumps(res, indent=1) if as_json else bs.table(res))
+
+
 @bench.command("ple")
 @click.option("-m", "--model", "model_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="A GGUF with a PLE table, ideally larger than RAM can keep cached (models/ple-5g.json).")

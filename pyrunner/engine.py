@@ -54,7 +54,9 @@ MAX_SEQS_DEFAULT = 16
 KEEP_STATES = 2         # strata.h STRATA_EVAL_KEEP_STATES
 RECENT_PROMPTS = 32     # prompts a new one is compared with for a shared beginning
 SHARED_MIN = 32         # a shared beginning at least this long gets a checkpoint
+STATE_CHUNK = 256       # native/src/model/state.c: the caches grow in chunks of this many tokens
 GDN_CHUNK = 64          # native/src/model/gdn.c: prefill chunks are multiples of it (batch invariance)
+GDN_CHUNK_MIN = 32      # gdn.c GDN_CHUNK_MIN_TOKENS: a step this long runs the chunked form
 
 
 class QueueFull(Exception):
@@ -238,6 +240,26 @@ class _Batcher:
             raise p.error
 
 
+def next_chunk(n: int, pos: int, chunk: int, cap: int) -> int:
+    """Tokens of an n-token evaluation to run from pos (a multiple of `chunk`) in this step, so that
+    the steps give the bits of one strata_session_eval of all n: that call cuts them into steps of `cap`
+    (the model's n_ubatch); a step of >= 32 tokens runs the GDN's chunked form over 64-token chunks from
+    its start, a shorter one the recurrence (gdn.c). With `chunk` a multiple of 64 and <= cap, every
+    step but the last covers whole 64-token chunks as the one call does; the last must take the same
+    form as the call's last step: when that is 32 tokens or more, a tail under 32 rides with the chunk
+    before it; when it is shorter (the recurrence), the same tokens are a step of their own."""
+    rest = n - pos
+    last = n - cap * ((n - 1) // cap)          # the one call's last step
+    if last < GDN_CHUNK_MIN:                   # it runs the recurrence: so must the same tokens here
+        tail = n - last
+        return last if pos >= tail else min(chunk, tail - pos)
+    if rest <= chunk:
+        return rest
+    if rest - chunk < GDN_CHUNK_MIN:
+        return rest
+    return chunk
+
+
 def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
@@ -255,8 +277,10 @@ class Engine:
     def __init__(self, model, max_seqs: int | None = None, max_queue: int | None = None, mtp: int | None = None,
                  watchdog_s: float | None = None, prefill_chunk: int | None = None,
                  token_budget: int | None = None, memory_bytes: int | None = None):
-        """max_seqs: sequences run at once (None: as many as memory_bytes (default: half of MemAvailable)
-        holds at the model's per-sequence state, at most 16). max_queue: requests waiting beyond them at
+        """max_seqs: sequences run at once (None: 16), and fewer while their state would not fit in
+        memory_bytes (default: half of MemAvailable at the first request): each running request counts
+        the state its prompt + max_tokens grows to (state_need), so many short requests run where few
+        long ones would, and the rest wait in the queue. max_queue: requests waiting beyond them at
         most (None: no bound). mtp: MTP drafts per window (None: the model's). prefill_chunk: tokens of a
         prompt evaluated per step (a multiple of 64; default the model's step, 512). token_budget: tokens
         per step the prefill chunks may fill (default prefill_chunk)."""
@@ -265,10 +289,14 @@ class Engine:
         if self.mtp < 0:
             raise ValueError(f"mtp must be >= 0 (got {self.mtp})")
         self.watchdog_s = trace.watchdog_seconds(watchdog_s)
-        chunk = min(512, getattr(model, "prefill_chunk", 512)) if prefill_chunk is None else int(prefill_chunk)
-        if chunk <= 0 or chunk % GDN_CHUNK:
-            raise ValueError(f"prefill_chunk {chunk}: give a positive multiple of {GDN_CHUNK} tokens (the GDN's "
-                             f"chunk), so that batched output stays bit-identical to a request run alone")
+        self.step_cap = min(512, int(getattr(model, "prefill_chunk", 512)))   # Model's n_ubatch
+        chunk = self.step_cap if prefill_chunk is None else int(prefill_chunk)
+        if self.step_cap % GDN_CHUNK:
+            chunk = self.step_cap     # steps that are not whole GDN chunks: cut as the one call does
+        elif chunk <= 0 or chunk % GDN_CHUNK or chunk > self.step_cap:
+            raise ValueError(f"prefill_chunk {chunk}: give a multiple of {GDN_CHUNK} tokens (the GDN's chunk) up "
+                             f"to {self.step_cap} (the model's step), so that batched output stays bit-identical "
+                             f"to a request run alone")
         self.prefill_chunk = chunk
         self.token_budget = chunk if token_budget is None else max(1, int(token_budget))
         self.memory_bytes = memory_bytes
@@ -282,6 +310,8 @@ class Engine:
         self._running: dict = {}                                # Request -> worker thread
         self._pending: list = []                                # _Pending evaluations
         self._free: list = []                                   # idle sessions (prefix reuse), newest last
+        self._sess_of: dict = {}                                # running Request -> its session
+        self._held: dict = {}                                   # session -> its state bytes after its last step
         self._n_sessions = 0
         self._closing = False
         self._ids = itertools.count(1)
@@ -292,23 +322,48 @@ class Engine:
         self._thread.start()
 
     # ------------------------------------------------------------------ sizing
-    def _seq_state_bytes(self) -> int:
-        m = self.model
-        return int(getattr(m, "state_bytes", 0) or 0)
-
     def _fit_seqs(self, max_seqs: int | None) -> int:
         if max_seqs is not None:
             if max_seqs < 1:
                 raise ValueError(f"max_seqs must be >= 1 (got {max_seqs})")
             return int(max_seqs)
-        budget = self.memory_bytes
-        if budget is None:
+        return MAX_SEQS_DEFAULT
+
+    def _budget(self) -> int | None:
+        if self.memory_bytes is None:
             avail = _mem_available()
-            budget = avail // 2 if avail else None
-        per = self._seq_state_bytes()
-        if not budget or per <= 0:
-            return MAX_SEQS_DEFAULT
-        return max(1, min(MAX_SEQS_DEFAULT, budget // per))
+            self.memory_bytes = avail // 2 if avail else 0
+        return self.memory_bytes or None
+
+    def state_need(self, req: "Request") -> int:
+        """Bytes of state a request's session grows to at most: its prompt and max_tokens (the context
+        when unbounded), in the chunks the caches grow by (state.c: doubled, whole 256-token chunks)."""
+        m = self.model
+        fixed = int(getattr(m, "state_fixed_bytes", 0) or 0)
+        per = int(getattr(m, "state_token_bytes", 0) or 0)
+        n_ctx = int(getattr(m, "n_ctx", 1 << 30))
+        mt = req.params.max_tokens
+        want = min(n_ctx, req.prompt_tokens + (mt if mt is not None and mt >= 0 else n_ctx))
+        cap = STATE_CHUNK
+        while cap < want:
+            cap *= 2
+        cap = min(n_ctx, -(-cap // STATE_CHUNK) * STATE_CHUNK)
+        return fixed + per * cap
+
+    def _fits(self, req: "Request") -> bool:
+        """The memory bound on live sequences: the running requests' state (at its most), the free
+        sessions' (as they are) and this one's stay within the budget; free sessions go first (least
+        recently used), and a request that fits nowhere still runs alone."""
+        budget = self._budget()
+        if budget is None:
+            return True
+        need = self.state_need(req) + sum(self.state_need(r) for r in self._running)
+        while self._free and need + sum(s.state_bytes for s in self._free) > budget:
+            gone = self._free.pop(0)
+            self._held.pop(gone, None)
+            gone.close()
+            self._n_sessions -= 1
+        return not self._running or need <= budget
 
     # ------------------------------------------------------------------ the API
     def submit(self, prompt, params: SamplingParams | None = None, *, add_special: bool = True,
@@ -331,8 +386,7 @@ class Engine:
         with self._cv:
             if self._closing:
                 raise RuntimeError("the engine is shutting down")
-            if self.max_queue is not None and len(self._running) >= self.max_seqs \
-                    and len(self._queue) >= self.max_queue:
+            if self.max_queue is not None and len(self._running) + len(self._queue) >= self.max_seqs + self.max_queue:
                 raise QueueFull(f"{len(self._running)} requests are running and {len(self._queue)} waiting "
                                 f"(max_queue {self.max_queue}); retry later", self._retry_after())
             cuts = set(int(c) for c in checkpoint_at if 0 < int(c) < len(ids))
@@ -390,6 +444,7 @@ class Engine:
                    "generated_tps": self._tps(), "steps_total": self.counters["steps_total"],
                    "step_tokens_total": self.counters["step_tokens_total"],
                    "max_seqs": self.max_seqs, "sessions": self._n_sessions,
+                   "state_bytes": sum(self._held.values()),
                    "drafts_proposed": self.counters["drafts_proposed"],
                    "drafts_accepted": self.counters["drafts_accepted"]}
         off = self.model.offload_stats() if hasattr(self.model, "offload_stats") else {}
@@ -470,6 +525,8 @@ class Engine:
 
     def _admit(self) -> None:
         while self._queue and len(self._running) < self.max_seqs:
+            if not self._queue[0].cancelled and not self._fits(self._queue[0]):
+                break               # waits for memory: a running request ends first
             req = self._queue.popleft()
             if req.cancelled:
                 req._finish(Completion("", [], "cancelled", {"prompt_tokens": req.prompt_tokens}))
@@ -477,6 +534,7 @@ class Engine:
                 continue
             sess = self._take_session(req.prompt_ids)
             sess.batcher = _Batcher(self, req)
+            self._sess_of[req] = sess
             t = threading.Thread(target=self._work, args=(req, sess), name=f"strata-{req.id}", daemon=True)
             self._running[req] = t
             t.start()
@@ -503,7 +561,7 @@ class Engine:
         n = sum(len(p.ids) for p in short)
         took = 0
         for p in long_:
-            c = min(self.prefill_chunk, len(p.ids) - p.pos)
+            c = next_chunk(len(p.ids), p.pos, self.prefill_chunk, self.step_cap)
             if took and n + c > self.token_budget:
                 break
             batch.append((p, p.pos, p.pos + c, False))
@@ -530,7 +588,9 @@ class Engine:
             err = trace.as_watchdog(e)
         except BaseException as e:   # noqa: BLE001 (handed to the workers, which end their requests)
             err = e
+        held = {p.sess: p.sess.state_bytes for p, *_ in batch}   # this thread ran their evals: no race
         with self._cv:
+            self._held.update(held)
             self.counters["steps_total"] += 1
             self.counters["step_tokens_total"] += sum(b - a for _, a, b, _ in batch)
             for p, a, b, _ in batch:
@@ -575,6 +635,7 @@ class Engine:
         sess.batcher = None
         with self._cv:
             del self._running[req]
+            self._sess_of.pop(req, None)
             self._free.append(sess)
             key = "requests_cancelled" if c.finish_reason == "cancelled" else \
                 "requests_failed" if c.finish_reason == "error" else "requests_finished"

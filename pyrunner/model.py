@@ -216,7 +216,9 @@ class Model:
         self.n_ctx_train = int(info.n_ctx_train)
         self.n_threads = int(info.n_threads)
         self.weight_bytes = int(info.weight_bytes)
-        self.state_bytes = int(info.state_bytes)
+        self.state_bytes = int(info.state_bytes)        # one session at n_ctx: the most it grows to
+        self.state_fixed_bytes = int(info.state_fixed_bytes)   # a session holding no token
+        self.state_token_bytes = int(info.state_token_bytes)   # and per token it holds
         self.ple_layer = int(info.ple_layer)
         self.has_ple = self.ple_layer >= 0
         self.n_mtp = int(info.n_mtp)            # MTP blocks in the file (0: no draft head)
@@ -499,6 +501,11 @@ class Session:
     @property
     def n_past(self) -> int:
         return int(lib.strata_session_n_past(self._live()))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of state this session holds now (its caches grow as it fills; strata.h)."""
+        return int(lib.strata_session_state_bytes(self._live()))
 
     def _live(self):
         if self._ptr is None or self.model._ptr is None:

@@ -218,7 +218,8 @@ def test_cancel_one_request_midway(tiny):
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(tiny):
     """The budget: while a 900-token prompt is prefilled in 64-token chunks, every step also carries
-    the decoding request's token, and no step holds more prefill than one chunk over the budget."""
+    the decoding request's token, and no step holds more prefill than one chunk (the last one may
+    carry the tail of fewer than 32 tokens, next_chunk)."""
     m = _model(tiny, "cpu")
     with Engine(m, max_seqs=2, prefill_chunk=64, token_budget=64) as eng:
         eng.step_log = []
@@ -231,7 +232,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(tiny):
         log = eng.step_log
     chunks = [s for s in log if s["prefill_tokens"] > 0]
     assert len(chunks) >= 900 // 64
-    assert all(s["prefill_tokens"] <= 64 for s in log)
+    assert all(s["prefill_tokens"] <= 64 + 31 for s in log)     # a tail under 32 rides with a chunk
     both = [s for s in chunks if s["short"] > 0]
     assert len(both) >= len(chunks) - 2      # the decode ran beside (nearly) every chunk
 
@@ -279,3 +280,74 @@ def test_logprobs_are_the_model_distribution(tiny):
     assert lps[0].logprob == pytest.approx(ref[toks[0]], abs=1e-9)
     assert [t for t, _, _ in lps[0].top] == list(np.argsort(-ref, kind="stable")[:3])
     assert lps[0].top[0][0] == toks[0]                 # greedy picks the most likely
+
+
+def test_state_grows_with_use(tiny):
+    """A session's caches start at one chunk and grow as it fills (strata_session_state_bytes), not
+    at n_ctx; growing through several chunks changes no bit, and rollback / checkpoints still work."""
+    m = Model(tiny, threads=2, n_ctx=4096, kv_type="f16")
+    rng = np.random.default_rng(5)
+    ids = _ids(rng, m, 1100)
+    a, b = m.session(), m.session()
+    small = a.state_bytes
+    assert m.state_fixed_bytes < small < m.state_bytes / 8
+    b.eval(ids)                                # b grows to 1100 tokens at once, then starts over
+    b.reset()
+    for s in (a, b):                           # a grows chunk by chunk, b is already grown
+        for i in range(0, 1088, 64):
+            s.eval(ids[i:i + 64])
+            if s is a:
+                assert a.state_bytes <= m.state_fixed_bytes + m.state_token_bytes * max(256, 2 * (i + 64))
+    la, lb = a.eval(ids[1088:]), b.eval(ids[1088:])
+    assert np.array_equal(la, lb)
+    assert small < a.state_bytes <= m.state_bytes
+    ck = a.checkpoint()
+    a.eval(ids[:40])
+    a.restore(ck)
+    assert np.array_equal(a.eval([5]), b.eval([5]))
+
+
+@pytest.mark.parametrize("chunk", [64, 128, 192, 512])
+def test_prefill_chunks_give_the_bits_of_one_eval(tiny, chunk):
+    """The engine's prefill steps (next_chunk) give the logits of one eval of the whole prompt, bit
+    for bit, at lengths whose tail is short, long, or a whole chunk."""
+    from pyrunner.engine import next_chunk
+    m = Model(tiny, threads=2, n_ctx=2048, kv_type="f32")
+    rng = np.random.default_rng(6)
+    for n in (40, 100, 520, 600, 700, 1100, 1030, 1024):
+        ids = _ids(rng, m, n)
+        ref = m.session().eval(ids)
+        s, pos = m.session(), 0
+        while pos < n:
+            c = next_chunk(n, pos, chunk, 512)
+            out = s.eval(ids[pos:pos + c])
+            pos += c
+        assert np.array_equal(out, ref), (n, chunk)
+
+
+def test_many_short_sequences_fit_where_long_ones_queue(tiny):
+    """The live-sequence bound comes from the state each request grows to: with room for about one
+    2000-token request, two such run one after the other, while eight short ones run at once."""
+    m = Model(tiny, threads=2, n_ctx=4096, kv_type="f32")
+    eog = {t: -np.inf for t in __import__("pyrunner.generate", fromlist=["x"]).end_of_generation_ids(m)}
+    long_p = SamplingParams(max_tokens=1500, temperature=0, logit_bias=eog)
+    with Engine(m, max_seqs=16) as probe:
+        one = probe.state_need(probe.submit("a", long_p))
+        probe.close()
+    budget = int(one * 1.5)
+    with Engine(m, max_seqs=16, memory_bytes=budget) as eng:
+        a = eng.submit("first long one", long_p)
+        b = eng.submit("second long one", long_p)
+        next(iter(a))
+        met = eng.metrics()
+        assert met["requests_running"] == 1 and met["requests_queued"] == 1
+        a.cancel()
+        b.cancel()
+        a.result(60), b.result(60)
+        short = [eng.submit(p, SamplingParams(max_tokens=30, temperature=0, logit_bias=eog)) for p in PROMPTS + ["z"] * 2]
+        seen = 0
+        while not all(r.done for r in short):
+            seen = max(seen, eng.metrics()["requests_running"])
+            time.sleep(0.002)
+        assert seen == 8
+        assert 0 < eng.metrics()["state_bytes"] <= budget

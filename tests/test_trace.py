@@ -237,8 +237,10 @@ def test_watchdog_batch_writes_error_record_and_goes_on(tiny, reference, monkeyp
     inp = tmp_path / "in.jsonl"
     inp.write_text(json.dumps({"id": "a", "prompt": "hello"}) + "\n" + json.dumps({"id": "b", "prompt": "bye"}) + "\n")
     out = tmp_path / "out.jsonl"
+    # one request at a time: the stall hits request a's 4th PLE step (with --parallel both requests share
+    # each step, and an aborted step ends every request in it)
     r = CliRunner().invoke(cli, ["batch", str(inp), "-o", str(out), "-m", tiny, "--temp", "0", "-n", "6",
-                                 "--watchdog-s", "0.6", "--threads", "2", "--n-ctx", "256"])
+                                 "--watchdog-s", "0.6", "--threads", "2", "--n-ctx", "256", "--parallel", "1"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert recs[0]["id"] == "a" and "watchdog" in recs[0]["error"] and recs[0]["finish_reason"] == "error"

@@ -410,11 +410,14 @@ typedef struct strata_model_info {
     int32_t n_expert_used;
     int32_t ple_layer;      /* -1: no PLE */
     uint64_t weight_bytes;  /* bytes of tensor data */
-    uint64_t state_bytes;   /* bytes of one session's state at n_ctx (allocated lazily) */
+    uint64_t state_bytes;   /* bytes of one session's state at n_ctx (the most it can grow to) */
     int32_t n_mtp;          /* MTP blocks in the file (nextn_predict_layers; 0: none) */
     int32_t n_hidden;       /* floats of one row of the pre-mixer stream state: hc x n_embd */
     uint64_t repack_bytes;  /* scratch of the prefill conversion (strata_set_repack), all threads, sized
                                at load from the widest converted tensor; 0: none (off, or no such type) */
+    uint64_t state_fixed_bytes;  /* a session's state whatever it holds (GDN, PLE conv) */
+    uint64_t state_token_bytes;  /* and per token it holds (K/V, indexer keys, summaries, id; rounded up):
+                                    the caches grow with use (strata_session_state_bytes) */
 } strata_model_info;
 
 /* Opens the GGUF, checks every hyperparameter and tensor against the qwen4exp contract, and
@@ -477,6 +480,9 @@ strata_status strata_session_init(strata_model *m, strata_session **out);
 void strata_session_free(strata_session *s);
 /* Forgets the sequence: n_past = 0. */
 void strata_session_reset(strata_session *s);
+/* Bytes of state the session holds now: its per-token caches grow as it fills, in chunks (capacity
+ * doubled, at least 256 tokens), up to strata_model_info.state_bytes at n_ctx; they never shrink. */
+uint64_t strata_session_state_bytes(const strata_session *s);
 int64_t strata_session_n_past(const strata_session *s);
 /* Runs n_ids tokens after the session's n_past tokens and advances n_past by n_ids.
  * logits: all_logits == 0: n_vocab floats (the last position); otherwise n_ids x n_vocab.

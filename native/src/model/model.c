@@ -32,8 +32,6 @@ static void widest_conv(mdl_mat *w, void *arg) {
     if (b > m->repack_bytes) m->repack_bytes = b;
 }
 
-uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
-
 strata_model_params strata_model_default_params(void) {
     strata_model_params p;
     memset(&p, 0, sizeof p);
@@ -135,6 +133,9 @@ strata_status strata_model_get_info(const strata_model *m, strata_model_info *ou
     out->n_mtp = m->hp.n_mtp;
     out->n_hidden = (int32_t)(m->hp.hc * m->hp.n_embd);
     out->repack_bytes = m->repack_bytes;
+    out->state_fixed_bytes = mdl_state_bytes(m, 0);
+    out->state_token_bytes = (mdl_state_bytes(m, m->params.n_ctx) - out->state_fixed_bytes + (uint64_t)m->params.n_ctx - 1) /
+                             (uint64_t)m->params.n_ctx;
     return STRATA_OK;
 }
 
@@ -365,6 +366,9 @@ static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
         rc = strata_fail(STRATA_ERR_NOMEM, "eval: no memory for a step of %d sequences", (int)n);
         goto done;
     }
+    for (int32_t i = 0; i < n && !rc; i++)      /* the rows each will write (the caches grow with use) */
+        rc = mdl_session_reserve(seqs[i].session, seqs[i].session->n_past + seqs[i].n_ids);
+    if (rc) goto done;
     wd_eval_begin(total, cap);
     for (int64_t i0 = 0; i0 < longest; i0 += cap) {
         int nq = 0;

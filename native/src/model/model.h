@@ -156,10 +156,10 @@ struct strata_model {
 typedef struct {
     float *conv;               /* GDN: [(Kc-1) x conv_dim] last pre-conv qkv rows, oldest first */
     float *S;                  /* GDN: [Gv][dk][dv] fp32 recurrent state */
-    void *k, *v;               /* QSA: [n_ctx][Hkv][hd] in kv_type */
-    float *kv_scale;           /* QSA int8: [n_ctx][Hkv][2] (k scale, v scale) */
-    float *idx_k;              /* QSA: [n_ctx][Di] raw indexer keys */
-    float *blk;                /* QSA: [n_ctx / r][Di] block summaries (normed, roped) */
+    void *k, *v;               /* QSA: [cap_tokens][Hkv][hd] in kv_type */
+    float *kv_scale;           /* QSA int8: [cap_tokens][Hkv][2] (k scale, v scale) */
+    float *idx_k;              /* QSA: [cap_tokens][Di] raw indexer keys */
+    float *blk;                /* QSA: [cap_tokens / r + 1][Di] block summaries (normed, roped) */
     int64_t n_blk;             /* summaries computed so far */
     float *S_slots;            /* GDN, KEEP_STATES windows: spec_max x S, the state after each token */
     float *conv_slots;         /* GDN: spec_max x conv, likewise */
@@ -174,7 +174,8 @@ struct strata_session {
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
     strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
-    int32_t *tokens;           /* [n_ctx] the id behind each K/V row */
+    int32_t *tokens;           /* [cap_tokens] the id behind each K/V row */
+    int64_t cap_tokens;        /* rows the per-token caches hold now (state.c: they grow with use) */
     int64_t n_valid;           /* rows [0, n_valid) hold tokens[0, n_valid) consistently (>= n_past) */
     /* KEEP_STATES windows (spec.c): state after each token of the last such eval */
     int32_t spec_max;          /* slot count (0: none) */
@@ -267,6 +268,9 @@ void mdl_spec_release(strata_session *s);
 
 /* state.c */
 strata_status mdl_session_alloc(strata_model *m, strata_session *s);
+/* Room for n_tokens rows in every per-token cache (grows, never shrinks; NOMEM leaves the state). */
+strata_status mdl_session_reserve(strata_session *s, int64_t n_tokens);
+uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx);
 void mdl_session_release(strata_session *s);
 void mdl_session_clear(strata_session *s);
 

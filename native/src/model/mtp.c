@@ -109,7 +109,8 @@ strata_status strata_session_mtp(strata_session *s, const float *hidden, const i
     const mdl_layer_state *st = &s->ls[hp->n_layer];
     if (!st->k || !st->v || !st->idx_k || !st->blk)    /* state.c allocates it with the session */
         return strata_fail(STRATA_ERR_INVALID_ARG, "MTP: the session has no MTP cache; create it after loading the model");
-    strata_status rc = STRATA_OK;
+    strata_status rc = mdl_session_reserve(s, pos0 + n);   /* the MTP cache grows with the trunk's */
+    if (rc) return rc;
     const int64_t cap = s->cap > 0 ? s->cap : 1;
     const int64_t C = n < cap ? n : cap;
     float *X = malloc((size_t)(C * W) * sizeof(float));

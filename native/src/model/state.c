@@ -1,9 +1,11 @@
 /*
  * state.c — one sequence's state (see model.h) and the session's scratch.
  *
- * The per-token caches (QSA K/V, raw indexer keys, block summaries) are sized for n_ctx but
- * come from calloc: for large sizes that is a fresh anonymous mapping whose pages are only
- * backed once written, so a 32K-token session costs memory in proportion to what it holds.
+ * The per-token caches (QSA K/V and their int8 scales, raw indexer keys, block summaries, the ids)
+ * grow with use: a session starts with room for STATE_CHUNK tokens and every eval first reserves the
+ * rows it will write (mdl_session_reserve: capacity doubled, in whole chunks, at most n_ctx), so many
+ * short sequences fit where one n_ctx-long one would. Rows move only at a reserve, before a step runs;
+ * a failed reserve leaves the state as it was. strata_session_state_bytes reports what a session holds.
  */
 #include "model.h"
 
@@ -36,31 +38,70 @@ uint64_t mdl_state_bytes(const strata_model *m, int64_t n_ctx) {
     return b;
 }
 
+enum { STATE_CHUNK = 256 };   /* tokens of cache a session grows by, at least */
+
+/* Summary rows a layer of ratio r needs for n tokens. */
+static size_t blk_rows(int32_t r, int64_t n) { return r > 0 ? (size_t)(n / r + 1) : 1; }
+
+/* realloc to n bytes (n > 0), zeroing from `keep` bytes on: NULL on failure, *p untouched. */
+static int grow(void **p, size_t keep, size_t n) {
+    void *q = realloc(*p, n);
+    if (!q) return 0;
+    if (n > keep) memset((char *)q + keep, 0, n - keep);
+    *p = q;
+    return 1;
+}
+
+strata_status mdl_session_reserve(strata_session *s, int64_t n_tokens) {
+    if (n_tokens <= s->cap_tokens) return STRATA_OK;
+    const strata_model *m = s->m;
+    const mdl_hparams *h = &m->hp;
+    int64_t cap = s->cap_tokens * 2;
+    if (cap < n_tokens) cap = n_tokens;
+    cap = (cap + STATE_CHUNK - 1) / STATE_CHUNK * STATE_CHUNK;
+    if (cap > s->n_ctx) cap = s->n_ctx;
+    const int64_t old = s->cap_tokens;
+    const size_t es = kv_elem(m->params.kv_type), per = (size_t)h->n_head_kv * (size_t)h->head_dim;
+    /* each array grows on its own: a failure midway leaves the grown ones larger, which is harmless
+     * (capacity is the minimum over them, kept in cap_tokens only once all succeeded) */
+    if (!grow((void **)&s->tokens, (size_t)old * sizeof(int32_t), (size_t)cap * sizeof(int32_t))) goto nomem;
+    for (int il = 0; il < s->n_ls; il++) {
+        const mdl_layer *l = &m->layers[il];
+        mdl_layer_state *st = &s->ls[il];
+        if (!l->is_qsa) continue;
+        if (!grow(&st->k, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
+        if (!grow(&st->v, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
+        if (m->params.kv_type == STRATA_KV_INT8) {
+            const size_t row = (size_t)h->n_head_kv * 2 * sizeof(float);
+            if (!grow((void **)&st->kv_scale, (size_t)old * row, (size_t)cap * row)) goto nomem;
+        }
+        const size_t ik = (size_t)h->idx_dim * sizeof(float);
+        if (!grow((void **)&st->idx_k, (size_t)old * ik, (size_t)cap * ik)) goto nomem;
+        if (!grow((void **)&st->blk, blk_rows(l->ratio, old) * ik, blk_rows(l->ratio, cap) * ik)) goto nomem;
+    }
+    s->cap_tokens = cap;
+    return STRATA_OK;
+nomem:
+    return strata_fail(STRATA_ERR_NOMEM, "session: no memory to grow its caches to %lld tokens (%.1f MiB)",
+                       (long long)cap, (double)mdl_state_bytes(m, cap) / (1 << 20));
+}
+
+uint64_t strata_session_state_bytes(const strata_session *s) {
+    return s ? mdl_state_bytes(s->m, s->cap_tokens) : 0;
+}
+
 strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     const mdl_hparams *h = &m->hp;
-    const int64_t n_ctx = m->params.n_ctx;
     s->m = m;
-    s->n_ctx = n_ctx;
+    s->n_ctx = m->params.n_ctx;
     s->spec_start = -1;
-    s->tokens = malloc((size_t)n_ctx * sizeof(int32_t));
     s->ls = calloc((size_t)(h->n_layer + h->n_mtp), sizeof *s->ls);
-    if (!s->tokens || !s->ls) goto nomem;
+    if (!s->ls) goto nomem;
     s->n_ls = h->n_layer + h->n_mtp;
     for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         const mdl_layer *l = &m->layers[il];
         mdl_layer_state *st = &s->ls[il];
-        if (l->is_qsa) {
-            const size_t per = (size_t)h->n_head_kv * (size_t)h->head_dim;
-            st->k = calloc((size_t)n_ctx * per, kv_elem(m->params.kv_type));
-            st->v = calloc((size_t)n_ctx * per, kv_elem(m->params.kv_type));
-            if (m->params.kv_type == STRATA_KV_INT8) {
-                st->kv_scale = calloc((size_t)n_ctx * (size_t)h->n_head_kv * 2, sizeof(float));
-                if (!st->kv_scale) goto nomem;
-            }
-            st->idx_k = calloc((size_t)n_ctx * (size_t)h->idx_dim, sizeof(float));
-            st->blk = calloc((size_t)(l->ratio > 0 ? n_ctx / l->ratio + 1 : 1) * (size_t)h->idx_dim, sizeof(float));
-            if (!st->k || !st->v || !st->idx_k || !st->blk) goto nomem;
-        } else {
+        if (!l->is_qsa) {
             const size_t cd = 2 * (size_t)h->ssm_gk * (size_t)h->ssm_dk + (size_t)h->ssm_gv * (size_t)h->ssm_dk;
             st->conv = calloc((size_t)(h->ssm_kc - 1) * cd + 1, sizeof(float));
             st->S = calloc((size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk, sizeof(float));
@@ -78,12 +119,13 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     s->y = malloc((size_t)s->cap * E * sizeof(float));
     s->c = malloc((size_t)s->cap * (size_t)h->hc * sizeof(float));
     if (!s->X || !s->u || !s->y || !s->c) goto nomem;
+    if (mdl_session_reserve(s, STATE_CHUNK < s->n_ctx ? STATE_CHUNK : s->n_ctx)) goto nomem;
     mdl_session_clear(s);
     return STRATA_OK;
 nomem:
     mdl_session_release(s);
-    return strata_fail(STRATA_ERR_NOMEM, "session: no memory for the state of %lld tokens (%.1f MiB); lower n_ctx",
-                       (long long)n_ctx, (double)mdl_state_bytes(m, n_ctx) / (1 << 20));
+    return strata_fail(STRATA_ERR_NOMEM, "session: no memory for its state (%.1f MiB at %d tokens); lower n_ctx",
+                       (double)mdl_state_bytes(m, STATE_CHUNK) / (1 << 20), (int)STATE_CHUNK);
 }
 
 void mdl_session_release(strata_session *s) {

@@ -929,5 +929,58 @@ def plot(trace, out, bins):
     click.echo(f"wrote {out} ({res['requests']} requests)", err=True)
 
 
+# ------------------------------------------------------------------ serve
+
+
+@_with_env
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 opens it to the network (then set --api-key).")
+@click.option("--port", type=int, default=8080, show_default=True, help="TCP port (0: a free one, printed at start).")
+@click.option("--api-key", default=None, envvar="STRATA_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on every route but /health.")
+@click.option("--max-concurrent", type=int, default=None,
+              help="Sequences generated at once [default: as many as fit, at most 16].")
+@click.option("--max-queue", type=int, default=None,
+              help="Requests waiting beyond those; more get 503 with Retry-After [default: no limit].")
+@click.option("--grace-s", type=float, default=10.0, show_default=True,
+              help="At SIGTERM / Ctrl-C, how long the requests in flight may run on before they are cancelled.")
+@_engine_options
+def serve(host, port, api_key, max_concurrent, max_queue, grace_s, **kwargs):
+    """Serve the model over OpenAI's HTTP API: POST /v1/completions and /v1/chat/completions (streaming
+    too), GET /v1/models, /health and /metrics (Prometheus). Requests are batched: up to --max-concurrent
+    generate together, --max-queue more wait. SIGTERM or Ctrl-C stops accepting, lets the requests in
+    flight finish for --grace-s seconds, cancels the rest, and says which were which."""
+    from ._native import StrataError
+
+    for name, v, lo in (("--max-concurrent", max_concurrent, 1), ("--max-queue", max_queue, 0)):
+        if v is not None and v < lo:
+            raise click.ClickException(f"{name} {v}: give at least {lo}")
+    if grace_s < 0:
+        raise click.ClickException(f"--grace-s {grace_s}: give 0 or more seconds")
+    if not 0 <= port <= 65535:
+        raise click.ClickException(f"--port {port}: give a TCP port, 0..65535 (0: any free one)")
+    try:
+        from .server import serve as run
+    except ImportError as e:
+        raise click.ClickException(f"strata serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") \
+            from None
+
+    def echo(line: str) -> None:
+        click.echo(line)
+        sys.stdout.flush()
+
+    wd = _watchdog(kwargs)
+    tracer = _tracer(kwargs)
+    model = _open_model(kwargs)
+    try:
+        with tracer, model:
+            run(model, host=host, port=port, api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
+                watchdog_s=wd, grace_s=grace_s, echo=echo)
+    except (StrataError, OSError, ValueError) as e:
+        raise _fail(e) from None
+    _trace_note(tracer)
+
+
 if __name__ == "__main__":
     main()

@@ -625,6 +625,11 @@ class Engine:
                     req._put(Piece(text, toks, lps))
             except StopIteration as stop_it:
                 c = stop_it.value
+            if got:                  # tokens whose text the stop rules held back or dropped: still sampled
+                lps = [sampler.records.popleft() for _ in got] if req.n_logprobs is not None else None
+                self._count_tokens(len(got))
+                req._put(Piece("", list(got), lps))
+                got.clear()
         except Cancelled:
             c = None
         except BaseException as e:   # noqa: BLE001 (the request ends with the error; the engine goes on)

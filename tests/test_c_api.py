@@ -1,6 +1,7 @@
 """The C API for applications: tools/examples/generate.c is compiled against strata.h and the
 library under test, and run on a tiny model (two sessions on two threads); its greedy tokens
-must equal pyrunner's. The C sampler is checked distributionally against pyrunner.sampling
+must equal pyrunner's; tools/examples/batch.c runs several prompts in one strata_batch_eval per step
+and must give each prompt's tokens alone. The C sampler is checked distributionally against pyrunner.sampling
 (same chain, same survivors, frequencies within sampling error)."""
 from __future__ import annotations
 
@@ -27,17 +28,21 @@ def tiny(tmp_path_factory) -> str:
     return str(out)
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory) -> Path:
+def _build(tmp_path_factory, name: str) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed to build the example"
-    exe = tmp_path_factory.mktemp("c_api") / "generate"
+    exe = tmp_path_factory.mktemp("c_api") / name
     lib_dir = os.path.dirname(LIB_PATH)
-    r = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", str(ROOT / "tools" / "examples" / "generate.c"),
+    r = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", str(ROOT / "tools" / "examples" / f"{name}.c"),
                         "-I", str(ROOT / "native" / "include"), LIB_PATH, "-lpthread", f"-Wl,-rpath,{lib_dir}",
                         "-o", str(exe)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return exe
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    return _build(tmp_path_factory, "generate")
 
 
 def _run(exe, *args) -> list[list[int]]:
@@ -122,3 +127,29 @@ def test_c_sampler_greedy_and_errors():
     s = _c_sampler(temperature=1.0)
     with pytest.raises(Exception, match="no finite logit"):
         _draw(s, np.full(4, -np.inf, dtype=np.float32))
+
+
+def test_batch_example_gives_each_prompt_its_tokens_alone(tiny, tmp_path_factory):
+    exe = _build(tmp_path_factory, "batch")
+    prompts = ["The quick brown fox", "hello", "a much longer prompt than the others, with many words in it"]
+    r = subprocess.run([str(exe), tiny, *prompts, "-n", "12"], capture_output=True, text=True, errors="replace",
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = [list(map(int, line.split()[1:])) for line in r.stdout.splitlines() if line.startswith("tokens:")]
+    steps = int(r.stdout.rsplit("steps:", 1)[1])
+    assert steps <= 12                       # one forward per step for all three
+    m = Model(tiny, n_ctx=4096)
+    eos = m.metadata.get("tokenizer.ggml.eos_token_id")
+    for p, toks in zip(prompts, got):
+        s = m.session()
+        logits = s.eval(m.tokenize(p))
+        want = []
+        for _ in range(12):
+            t = int(np.argmax(logits))
+            want.append(t)
+            if t == eos:
+                break
+            logits = s.eval([t])
+        assert toks == want
+    bad = subprocess.run([str(exe), tiny], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr

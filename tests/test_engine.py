@@ -351,3 +351,25 @@ def test_many_short_sequences_fit_where_long_ones_queue(tiny):
             time.sleep(0.002)
         assert seen == 8
         assert 0 < eng.metrics()["state_bytes"] <= budget
+
+
+def test_bench_serve_measures_every_row(tiny):
+    """strata bench serve's rows on a tiny model (what it measures, not how fast): every concurrency
+    has a decode and a mixed row, the expert bytes read per token come from the routing trace (a step
+    of more sequences reads each picked expert once, so per token it never reads more), and the batch
+    run's tokens are the same at --parallel 1 and N."""
+    from click.testing import CliRunner
+    from pyrunner.cli import main
+    import json
+    r = CliRunner().invoke(main, ["bench", "serve", "-m", tiny, "--concurrency", "1,4", "--gen-tokens", "6",
+                                  "--long-prompt", "200", "--batch-requests", "6", "--batch-tokens", "5",
+                                  "--batch-parallel", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    rows = {(x["concurrency"], x["mode"]): x for x in res["rows"]}
+    assert set(rows) == {(1, "decode"), (1, "mixed"), (4, "decode"), (4, "mixed")}
+    d1, d4 = rows[(1, "decode")], rows[(4, "decode")]
+    assert d1["generated_tokens"] == 6 and d4["generated_tokens"] == 24
+    assert 0 < d4["expert_bytes_per_token"] <= d1["expert_bytes_per_token"]
+    assert rows[(4, "mixed")]["itl_ms_p99_during_prefill"] >= 0 and d4["vs_single"] > 0
+    assert res["batch"]["same_tokens"] is True and res["batch"]["ratio"] > 0

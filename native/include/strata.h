@@ -518,6 +518,7 @@ strata_status strata_session_eval_ex(strata_session *s, const int32_t *ids, int6
  * with n_ids == 0 does nothing. Every entry is checked before any is run (INVALID_ARG or
  * BUFFER_TOO_SMALL name the entry, and nothing is touched); after any other failure every entry's
  * session state is undefined: reset them. */
+enum { STRATA_BATCH_MAX = 256 };   /* entries per strata_batch_eval at most */
 typedef struct strata_batch_seq {
     strata_session *session;
     const int32_t *ids;

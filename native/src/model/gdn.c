@@ -294,33 +294,34 @@ static void head_task(void *arg, int64_t h, int thread) {
     head_recurrent(J, (int)h, S);
 }
 
-strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y) {
+/* The part of the layer between its projections and W_out, for one sequence's L rows: P holds the
+ * rows' projections [qkv (CD) | z (VD) | b (Gv) | a (Gv)] (ld floats apart), o receives the gated,
+ * normalised head outputs (L x VD). Reads and advances the sequence's conv and recurrent state. */
+static strata_status gdn_core(strata_session *s, int il, const float *P, int64_t ld, int64_t L, float *o) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     mdl_layer_state *st = &s->ls[il];
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv, Kc = hp->ssm_kc;
     const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD;
-    if (dk > 1024) return strata_fail(STRATA_ERR_UNSUPPORTED, "GDN head dim %lld > 1024", (long long)dk);
     float *qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
     float *cv = malloc((size_t)(L * CD) * sizeof(float));
-    float *z = malloc((size_t)(L * VD) * sizeof(float));
     float *ba = malloc((size_t)(L * Gv * 2) * sizeof(float));
     float *qn = malloc((size_t)(L * KD * 2) * sizeof(float));
-    float *o = malloc((size_t)(L * VD) * sizeof(float));
     strata_status rc = STRATA_OK;
-    if (!qkv || !cv || !z || !ba || !qn || !o) {
+    if (!qkv || !cv || !ba || !qn) {
         rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }
     /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
     memcpy(qkv, st->conv, (size_t)((Kc - 1) * CD) * sizeof(float));
-    float *xin = qkv + (Kc - 1) * CD;
-    if ((rc = mdl_matmul(m, &l->ssm_qkv, 0, u, L, xin))) goto done;
-    if ((rc = mdl_matmul(m, &l->ssm_z, 0, u, L, z))) goto done;
     float *b = ba, *a = ba + L * Gv;
-    if ((rc = mdl_matmul(m, &l->ssm_beta, 0, u, L, b))) goto done;
-    if ((rc = mdl_matmul(m, &l->ssm_alpha, 0, u, L, a))) goto done;
+    for (int64_t t = 0; t < L; t++) {
+        const float *pt = P + t * ld;
+        memcpy(qkv + (Kc - 1 + t) * CD, pt, (size_t)CD * sizeof(float));
+        memcpy(b + t * Gv, pt + CD + VD, (size_t)Gv * sizeof(float));
+        memcpy(a + t * Gv, pt + CD + VD + Gv, (size_t)Gv * sizeof(float));
+    }
     /* causal depthwise conv + silu */
     for (int64_t t = 0; t < L; t++)
         for (int64_t ch = 0; ch < CD; ch++) {
@@ -359,13 +360,56 @@ strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, floa
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < Gv; h++) {
             float *oh = o + t * VD + h * dv;
-            const float *zh = z + t * VD + h * dv;
+            const float *zh = P + t * ld + CD + h * dv;
             mdl_rmsnorm(oh, l->ssm_norm, dv, hp->eps, oh);
             for (int64_t e = 0; e < dv; e++)
                 oh[e] *= hp->gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
         }
-    rc = mdl_matmul(m, &l->ssm_out, 0, o, L, y);
 done:
-    free(qkv); free(cv); free(z); free(ba); free(qn); free(o);
+    free(qkv); free(cv); free(ba); free(qn);
     return rc;
+}
+
+strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                            float *y) {
+    const strata_model *m = ss[0]->m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
+    const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, ld = CD + VD + 2 * Gv;
+    if (dk > 1024) return strata_fail(STRATA_ERR_UNSUPPORTED, "GDN head dim %lld > 1024", (long long)dk);
+    /* the four projections of every row, each one product over all R rows, side by side per row */
+    float *pj = malloc((size_t)(R * (CD + VD + 2 * Gv)) * sizeof(float));
+    float *P = malloc((size_t)(R * ld) * sizeof(float));
+    float *o = malloc((size_t)(R * VD) * sizeof(float));
+    strata_status rc = STRATA_OK;
+    if (!pj || !P || !o) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)R);
+        goto done;
+    }
+    float *pq = pj, *pz = pq + R * CD, *pb = pz + R * VD, *pa = pb + R * Gv;
+    if ((rc = mdl_matmul(m, &l->ssm_qkv, 0, u, R, pq))) goto done;
+    if ((rc = mdl_matmul(m, &l->ssm_z, 0, u, R, pz))) goto done;
+    if ((rc = mdl_matmul(m, &l->ssm_beta, 0, u, R, pb))) goto done;
+    if ((rc = mdl_matmul(m, &l->ssm_alpha, 0, u, R, pa))) goto done;
+    for (int64_t t = 0; t < R; t++) {
+        float *row = P + t * ld;
+        memcpy(row, pq + t * CD, (size_t)CD * sizeof(float));
+        memcpy(row + CD, pz + t * VD, (size_t)VD * sizeof(float));
+        memcpy(row + CD + VD, pb + t * Gv, (size_t)Gv * sizeof(float));
+        memcpy(row + CD + VD + Gv, pa + t * Gv, (size_t)Gv * sizeof(float));
+    }
+    int64_t r0 = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = gdn_core(ss[i], il, P + r0 * ld, ld, Ls[i], o + r0 * VD);
+        r0 += Ls[i];
+    }
+    if (!rc) rc = mdl_matmul(m, &l->ssm_out, 0, o, R, y);
+done:
+    free(pj); free(P); free(o);
+    return rc;
+}
+
+strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    return mdl_gdn_multi(&s, &L, 1, il, u, L, y);
 }

@@ -192,6 +192,9 @@ typedef struct {
  * numbers do not depend on the other rows (the kernels sum every row in a fixed order whatever the
  * batch), so a sequence gets the same bits alone or in any batch. */
 static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, float *c) {
+    strata_session *ss[STRATA_BATCH_MAX];   /* strata_batch_eval checked n */
+    int64_t Ls[STRATA_BATCH_MAX];
+    for (int i = 0; i < n; i++) { ss[i] = q[i].s; Ls[i] = q[i].L; }
     strata_session *s0 = q[0].s;
     const strata_model *m = s0->m;
     const mdl_hparams *hp = &m->hp;
@@ -228,12 +231,8 @@ static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, fl
         wd->part = "mixer";
         if (tr) t_p = trc_now();
         if ((rc = mdl_hc_read(m, X, l->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], R, u, c))) return rc;
-        for (int i = 0; i < n; i++) {
-            const float *ui = u + q[i].r0 * E;
-            float *yi = y + q[i].r0 * E;
-            rc = l->is_qsa ? mdl_qsa(q[i].s, il, ui, q[i].L, yi) : mdl_gdn(q[i].s, il, ui, q[i].L, yi);
-            if (rc) return rc;
-        }
+        rc = l->is_qsa ? mdl_qsa_multi(ss, Ls, n, il, u, R, y) : mdl_gdn_multi(ss, Ls, n, il, u, R, y);
+        if (rc) return rc;
         mdl_hc_write(m, X, c, y, R);
         if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, R, 0);
         wd_beat();
@@ -428,6 +427,9 @@ strata_status strata_batch_eval(const strata_batch_seq *seqs, int32_t n_seqs) {
     if (n_seqs < 0 || (n_seqs > 0 && !seqs))
         return strata_fail(STRATA_ERR_INVALID_ARG, "strata_batch_eval: %d entries%s", (int)n_seqs,
                            n_seqs > 0 ? " but no array" : " (give 0 or more)");
+    if (n_seqs > STRATA_BATCH_MAX)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_batch_eval: %d entries; at most %d sequences per call (split "
+                           "the batch)", (int)n_seqs, (int)STRATA_BATCH_MAX);
     /* the entries that run (n_ids > 0), checked before any state is touched */
     strata_batch_seq *run = malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof *run);
     if (!run) return strata_fail(STRATA_ERR_NOMEM, "strata_batch_eval: no memory");

@@ -234,6 +234,13 @@ void mdl_hc_write(const strata_model *m, float *X, const float *c, const float *
 
 strata_status mdl_gdn(strata_session *s, int il, const float *u, int64_t L, float *y);
 strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y);
+/* The mixer of layer il for n sequences whose rows are consecutive in u / y (Ls[i] rows of ss[i], R in
+ * all): every projection and W_out is one product over the R rows, each sequence's conv, recurrence or
+ * attention runs on its own state at its own n_past (the same bits as mdl_gdn / mdl_qsa alone). */
+strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                            float *y);
+strata_status mdl_qsa_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                            float *y);
 /* QSA of layer il's weights on any layer state, for rows at positions p0.. (mdl_qsa: the trunk's
  * cache s->ls[il] at s->n_past; the MTP head: its own cache s->ls[n_layer] at its pos0). */
 strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,

@@ -182,12 +182,12 @@ static void store_row(const strata_session *s, mdl_layer_state *st, void *base, 
     }
 }
 
-strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y) {
-    return mdl_qsa_at(s, il, &s->ls[il], s->n_past, u, L, y);
-}
-
-strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
-                         float *y) {
+/* The layer between its projections and W_o for one sequence's L rows at positions p0..: qg (L x 2H hd:
+ * per head [q | gate]), kk, vv (L x Hkv hd), iq (L x nI dI, normalised and roped here in place), ik
+ * (L x dI) are the rows' projections; o receives the gated head outputs (L x H hd). Writes the rows'
+ * K/V, indexer keys and the block summaries they complete into st. */
+static strata_status qsa_core(strata_session *s, int il, mdl_layer_state *st, int64_t p0, int64_t L, const float *qg,
+                              const float *kk, const float *vv, float *iq, const float *ik, float *o) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
@@ -206,28 +206,17 @@ strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t
     if (grp > 256) return strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il, (long long)grp);
     int64_t scratch_w = grp * n_max + hd;               /* attention: scores of the group + a row */
     if (scratch_w < 2 * (sel_cap + 8)) scratch_w = 2 * (sel_cap + 8);  /* selection: the block heap */
-    float *qg = malloc((size_t)(L * 2 * H * hd) * sizeof(float));
-    float *kv = malloc((size_t)(L * 2 * Hkv * hd) * sizeof(float));
     float *q = malloc((size_t)(L * H * hd) * sizeof(float));
-    float *iqk = malloc((size_t)(L * (nI + 1) * dI) * sizeof(float));
     float *cs = malloc((size_t)(L * half * 2 + 2 * half) * sizeof(float));
     int32_t *sel = malloc((size_t)(L * sel_cap) * sizeof(int32_t));
     int32_t *n_sel = malloc((size_t)L * sizeof(int32_t));
     float *scratch = malloc((size_t)(nt * scratch_w) * sizeof(float));
-    float *o = malloc((size_t)(L * H * hd) * sizeof(float));
     float *tmp = malloc((size_t)(dI > hd ? dI : hd) * sizeof(float));
     strata_status rc = STRATA_OK;
-    if (!qg || !kv || !q || !iqk || !cs || !sel || !n_sel || !scratch || !o || !tmp) {
+    if (!q || !cs || !sel || !n_sel || !scratch || !tmp) {
         rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }
-    float *kk = kv, *vv = kv + L * Hkv * hd;
-    if ((rc = mdl_matmul(m, &l->attn_q, 0, u, L, qg))) goto done;
-    if ((rc = mdl_matmul(m, &l->attn_k, 0, u, L, kk))) goto done;
-    if ((rc = mdl_matmul(m, &l->attn_v, 0, u, L, vv))) goto done;
-    float *iq = iqk, *ik = iqk + L * nI * dI;
-    if ((rc = mdl_matmul(m, &l->idx_q, 0, u, L, iq))) goto done;
-    if ((rc = mdl_matmul(m, &l->idx_k, 0, u, L, ik))) goto done;
     for (int64_t t = 0; t < L; t++) {
         float *c = cs + t * 2 * half, *sn = c + half;
         mdl_rope_angles(hp->rope_theta, hp->n_rot, p0 + t, c, sn);
@@ -271,15 +260,74 @@ strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t
                  .kv_type = m->params.kv_type, .f16 = strata_qtraits_get(GT_F16)};
     strata_pool_run(m->pool, select_task, &J, L);
     strata_pool_run(m->pool, attn_task, &J, L * Hkv);
-    /* output gate σ(gate) per head, then W_o */
+    /* output gate σ(gate) per head */
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < H; h++) {
             float *oh = o + (t * H + h) * hd;
             const float *gh = qg + t * 2 * H * hd + h * 2 * hd + hd;
             for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
         }
-    rc = mdl_matmul(m, &l->attn_o, 0, o, L, y);
 done:
-    free(qg); free(kv); free(q); free(iqk); free(cs); free(sel); free(n_sel); free(scratch); free(o); free(tmp);
+    free(q); free(cs); free(sel); free(n_sel); free(scratch); free(tmp);
     return rc;
+}
+
+/* The projections of R rows, each one product over all of them, then per sequence i (st[i], p0[i], Ls[i]
+ * rows, consecutive) the core, then W_o over all rows. */
+static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const *st, const int64_t *p0,
+                              const int64_t *Ls, int n, int il, const float *u, int64_t R, float *y) {
+    const strata_model *m = ss[0]->m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, nI = hp->idx_heads, dI = hp->idx_dim;
+    float *qg = malloc((size_t)(R * 2 * H * hd) * sizeof(float));
+    float *kv = malloc((size_t)(R * 2 * Hkv * hd) * sizeof(float));
+    float *iqk = malloc((size_t)(R * (nI + 1) * dI) * sizeof(float));
+    float *o = malloc((size_t)(R * H * hd) * sizeof(float));
+    strata_status rc = STRATA_OK;
+    if (!qg || !kv || !iqk || !o) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)R);
+        goto done;
+    }
+    float *kk = kv, *vv = kv + R * Hkv * hd, *iq = iqk, *ik = iqk + R * nI * dI;
+    if ((rc = mdl_matmul(m, &l->attn_q, 0, u, R, qg))) goto done;
+    if ((rc = mdl_matmul(m, &l->attn_k, 0, u, R, kk))) goto done;
+    if ((rc = mdl_matmul(m, &l->attn_v, 0, u, R, vv))) goto done;
+    if ((rc = mdl_matmul(m, &l->idx_q, 0, u, R, iq))) goto done;
+    if ((rc = mdl_matmul(m, &l->idx_k, 0, u, R, ik))) goto done;
+    int64_t r0 = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = qsa_core(ss[i], il, st[i], p0[i], Ls[i], qg + r0 * 2 * H * hd, kk + r0 * Hkv * hd, vv + r0 * Hkv * hd,
+                      iq + r0 * nI * dI, ik + r0 * dI, o + r0 * H * hd);
+        r0 += Ls[i];
+    }
+    if (!rc) rc = mdl_matmul(m, &l->attn_o, 0, o, R, y);
+done:
+    free(qg); free(kv); free(iqk); free(o);
+    return rc;
+}
+
+strata_status mdl_qsa_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                            float *y) {
+    mdl_layer_state **st = malloc((size_t)n * sizeof *st);
+    int64_t *p0 = malloc((size_t)n * sizeof *p0);
+    strata_status rc;
+    if (!st || !p0) {
+        rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory", il);
+    } else {
+        for (int i = 0; i < n; i++) { st[i] = &ss[i]->ls[il]; p0[i] = ss[i]->n_past; }
+        rc = qsa_rows(ss, st, p0, Ls, n, il, u, R, y);
+    }
+    free(st);
+    free(p0);
+    return rc;
+}
+
+strata_status mdl_qsa(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    return mdl_qsa_multi(&s, &L, 1, il, u, L, y);
+}
+
+strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
+                         float *y) {
+    return qsa_rows(&s, &st, &p0, &L, 1, il, u, L, y);
 }

@@ -3,7 +3,8 @@
 For each concurrency c (model load excluded, one Model for every run):
   decode   c requests with short random prompts, each generating `gen_tokens` greedy tokens (end of
            generation banned, so every request runs its full length); generated tokens/s over the
-           wall time from the first submit to the last token, time to first token, inter-token
+           wall time from the first submit to the last token, and over the decode phase (once every
+           request has its first token; `vs_single` compares this one), time to first token, inter-token
            latency p50 / p99 (the gaps between a request's tokens, over all requests), and the expert
            bytes read per generated token: from the routing trace (strata.h strata_model_trace_routing),
            every (step, layer) reads each expert some row picked once, so it is the union of the
@@ -120,8 +121,13 @@ def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_pro
         model.trace_routing(None)
     gen = sum(len(t.times) for t in timed)
     gaps = [b - a for t in timed for a, b in zip(t.times, t.times[1:])]
+    # the decode phase: from the moment every request has its first token (their prompts are prefilled
+    # together in the first steps) to the last token
+    t_dec = max(t.times[0] for t in timed if t.times)
+    n_dec = sum(sum(1 for x in t.times if x > t_dec) for t in timed)
     out.update({"requests": c, "generated_tokens": gen, "wall_s": t1 - t0,
                 "generated_tps": gen / (t1 - t0) if t1 > t0 else 0.0,
+                "decode_tps": n_dec / (t1 - t_dec) if t1 > t_dec else 0.0,
                 "ttft_s_p50": _pct([t.times[0] - t0 for t in timed if t.times], 50),
                 "itl_ms_p50": 1e3 * _pct(gaps, 50), "itl_ms_p99": 1e3 * _pct(gaps, 99)})
     if mixed:
@@ -130,6 +136,7 @@ def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_pro
                     "itl_ms_p50_during_prefill": 1e3 * _pct(during, 50),
                     "itl_ms_p99_during_prefill": 1e3 * _pct(during, 99),
                     "itl_p99_over_p50": (_pct(during, 99) / _pct(gaps, 50)) if gaps and during else None})
+        # (run() adds itl_p99_over_decode_p50: this p99 over the decode-only run's median)
     else:
         read = _routing_bytes(route, per_expert)
         out["expert_bytes_per_token"] = read / gen if gen else 0.0
@@ -164,16 +171,20 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
     with tempfile.TemporaryDirectory(prefix="strata-bench-serve-") as d:
         for c in concurrency:
             for mixed in (False, True):
-                if mixed and long_prompt + 8 > model.n_ctx:
+                if mixed and (long_prompt <= 0 or long_prompt + 8 > model.n_ctx):
                     continue
                 rows.append(run_concurrency(model, c, gen_tokens, prompt_tokens, long_prompt, seed, mixed, d,
                                             prefill_chunk))
                 if progress:
                     progress(rows[-1])
-    base = next((r["generated_tps"] for r in rows if r["concurrency"] == 1 and r["mode"] == "decode"), None)
+    dec = {r["concurrency"]: r for r in rows if r["mode"] == "decode"}
+    for r in rows:      # the target's "its median": the same concurrency decoding undisturbed
+        if r["mode"] == "mixed" and r["concurrency"] in dec and dec[r["concurrency"]]["itl_ms_p50"] > 0:
+            r["itl_p99_over_decode_p50"] = r["itl_ms_p99_during_prefill"] / dec[r["concurrency"]]["itl_ms_p50"]
+    base = next((r["decode_tps"] for r in rows if r["concurrency"] == 1 and r["mode"] == "decode"), None)
     for r in rows:
         if r["mode"] == "decode" and base:
-            r["vs_single"] = r["generated_tps"] / base
+            r["vs_single"] = r["decode_tps"] / base
     out = {"settings": {"model": model.path, "threads": model.n_threads, "device": model.device,
                         "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens, "long_prompt": long_prompt,
                         "prefill_chunk": prefill_chunk},
@@ -184,14 +195,14 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
 
 
 def table(res: dict) -> str:
-    lines = [f"{'conc':>4} {'mode':>6} {'tok/s':>8} {'x1':>6} {'ttft ms':>8} {'itl p50':>8} {'itl p99':>8} "
-             f"{'experts MB/tok':>14} {'p99/p50 in prefill':>18}"]
+    lines = [f"{'conc':>4} {'mode':>6} {'tok/s':>8} {'decode':>8} {'x1':>6} {'ttft ms':>8} {'itl p50':>8} "
+             f"{'itl p99':>8} {'experts MB/tok':>14} {'prefill p99/decode p50':>22}"]
     for r in res["rows"]:
-        lines.append(f"{r['concurrency']:>4} {r['mode']:>6} {r['generated_tps']:>8.1f} "
+        lines.append(f"{r['concurrency']:>4} {r['mode']:>6} {r['generated_tps']:>8.1f} {r['decode_tps']:>8.1f} "
                      f"{r.get('vs_single', float('nan')):>6.2f} {1e3 * r['ttft_s_p50']:>8.1f} "
                      f"{r['itl_ms_p50']:>8.2f} {r['itl_ms_p99']:>8.2f} "
                      f"{r.get('expert_bytes_per_token', float('nan')) / 1e6:>14.2f} "
-                     f"{(r.get('itl_p99_over_p50') or float('nan')):>18.2f}")
+                     f"{(r.get('itl_p99_over_decode_p50') or float('nan')):>22.2f}")
     b = res.get("batch")
     if b:
         p = b["parallel"]

@@ -297,21 +297,31 @@ static void head_task(void *arg, int64_t h, int thread) {
 /* The part of the layer between its projections and W_out, for one sequence's L rows: P holds the
  * rows' projections [qkv (CD) | z (VD) | b (Gv) | a (Gv)] (ld floats apart), o receives the gated,
  * normalised head outputs (L x VD). Reads and advances the sequence's conv and recurrent state. */
-static strata_status gdn_core(strata_session *s, int il, const float *P, int64_t ld, int64_t L, float *o) {
+/* One sequence's part of a batched layer: its job and the buffers the job reads. */
+typedef struct {
+    gdn_job J;
+    float *qkv, *cv, *ba, *qn;
+} gdn_seq;
+
+static void gdn_seq_free(gdn_seq *g) {
+    free(g->qkv); free(g->cv); free(g->ba); free(g->qn);
+    g->qkv = g->cv = g->ba = g->qn = NULL;
+}
+
+static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t ld, int64_t L, float *o, gdn_seq *g) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     mdl_layer_state *st = &s->ls[il];
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv, Kc = hp->ssm_kc;
     const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD;
-    float *qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
-    float *cv = malloc((size_t)(L * CD) * sizeof(float));
-    float *ba = malloc((size_t)(L * Gv * 2) * sizeof(float));
-    float *qn = malloc((size_t)(L * KD * 2) * sizeof(float));
-    strata_status rc = STRATA_OK;
+    float *qkv = g->qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
+    float *cv = g->cv = malloc((size_t)(L * CD) * sizeof(float));
+    float *ba = g->ba = malloc((size_t)(L * Gv * 2) * sizeof(float));
+    float *qn = g->qn = malloc((size_t)(L * KD * 2) * sizeof(float));
     if (!qkv || !cv || !ba || !qn) {
-        rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
-        goto done;
+        gdn_seq_free(g);
+        return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
     }
     /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
     memcpy(qkv, st->conv, (size_t)((Kc - 1) * CD) * sizeof(float));
@@ -353,9 +363,19 @@ static strata_status gdn_core(strata_session *s, int il, const float *P, int64_t
             b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
             a[t * Gv + h] = l->ssm_a[h] * softplus(a[t * Gv + h] + l->ssm_dt_bias[h]);
         }
-    gdn_job J = {.m = m, .l = l, .S = st->S, .qn = qn, .kn = kn, .cv = cv, .beta = b, .g = a, .o = o, .L = L,
-                 .chunked = !keep && L >= GDN_CHUNK_MIN_TOKENS, .S_slots = keep ? st->S_slots : NULL};
-    strata_pool_run(m->pool, head_task, &J, Gv);
+    g->J = (gdn_job){.m = m, .l = l, .S = st->S, .qn = qn, .kn = kn, .cv = cv, .beta = b, .g = a, .o = o, .L = L,
+                     .chunked = !keep && L >= GDN_CHUNK_MIN_TOKENS, .S_slots = keep ? st->S_slots : NULL};
+    return STRATA_OK;
+}
+
+/* After the heads ran: the gated RMS norm of the sequence's head outputs. */
+static void gdn_post(const gdn_seq *g, const float *P, int64_t ld) {
+    const strata_model *m = g->J.m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = g->J.l;
+    const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
+    const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, L = g->J.L;
+    float *o = g->J.o;
     /* gated RMS norm per value head: rms(o) · w · act(z) */
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < Gv; h++) {
@@ -365,9 +385,6 @@ static strata_status gdn_core(strata_session *s, int il, const float *P, int64_t
             for (int64_t e = 0; e < dv; e++)
                 oh[e] *= hp->gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
         }
-done:
-    free(qkv); free(cv); free(ba); free(qn);
-    return rc;
 }
 
 strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
@@ -382,8 +399,11 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
     float *pj = malloc((size_t)(R * (CD + VD + 2 * Gv)) * sizeof(float));
     float *P = malloc((size_t)(R * ld) * sizeof(float));
     float *o = malloc((size_t)(R * VD) * sizeof(float));
+    gdn_seq *G = calloc((size_t)n, sizeof *G);
+    void **args = malloc((size_t)n * sizeof *args);
+    int64_t *counts = malloc((size_t)n * sizeof *counts);
     strata_status rc = STRATA_OK;
-    if (!pj || !P || !o) {
+    if (!pj || !P || !o || !G || !args || !counts) {
         rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)R);
         goto done;
     }
@@ -399,14 +419,26 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
         memcpy(row + CD + VD, pb + t * Gv, (size_t)Gv * sizeof(float));
         memcpy(row + CD + VD + Gv, pa + t * Gv, (size_t)Gv * sizeof(float));
     }
+    /* every sequence's conv and norms, then all their heads in one pool job, then the gated norms */
     int64_t r0 = 0;
+    int prepared = 0;
+    for (; prepared < n && !rc; prepared++) {
+        rc = gdn_prep(ss[prepared], il, P + r0 * ld, ld, Ls[prepared], o + r0 * VD, &G[prepared]);
+        args[prepared] = &G[prepared].J;
+        counts[prepared] = Gv;
+        r0 += Ls[prepared];
+    }
+    if (rc) prepared--;               /* the failed one freed its own buffers */
+    if (!rc) rc = mdl_pool_run_multi(m->pool, head_task, args, counts, n);
+    r0 = 0;
     for (int i = 0; i < n && !rc; i++) {
-        rc = gdn_core(ss[i], il, P + r0 * ld, ld, Ls[i], o + r0 * VD);
+        gdn_post(&G[i], P + r0 * ld, ld);
         r0 += Ls[i];
     }
     if (!rc) rc = mdl_matmul(m, &l->ssm_out, 0, o, R, y);
+    for (int i = 0; i < prepared; i++) gdn_seq_free(&G[i]);
 done:
-    free(pj); free(P); free(o);
+    free(pj); free(P); free(o); free(G); free(args); free(counts);
     return rc;
 }
 

@@ -202,6 +202,9 @@ static inline float mdl_mat_scale(const mdl_mat *w, int64_t mi) {
 /* y[L x mat.rows] = mat(index `mi` for stacked tensors) x[L x mat.cols], times its .scale. */
 strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
                          float *y);
+/* One pool job of n jobs' tasks: fn(args[i], t, thread) for t < counts[i], for every i (the jobs of
+ * several sequences' mixers, so a batched step hands the pool one job where it would hand n). */
+strata_status mdl_pool_run_multi(strata_pool *pool, strata_task_fn fn, void *const *args, const int64_t *counts, int n);
 /* y = x / sqrt(mean(x^2) + eps) * w, over n values (w may be NULL: no weight). */
 void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
 /* Grouped: the hc*E vector is hc groups of E, one RMS each; w has hc*E values. */

@@ -6,6 +6,9 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "util/error.h"
 
 #include "kernels/cpu/gemm.h"
 
@@ -53,4 +56,32 @@ void mdl_rope(float *x, int32_t n_rot, const float *cs, const float *sn) {
         x[i] = a * cs[i] - b * sn[i];
         x[i + h] = b * cs[i] + a * sn[i];
     }
+}
+
+typedef struct {
+    strata_task_fn fn;
+    void *const *args;
+    const int64_t *start;   /* [n + 1] prefix sums of the task counts */
+    int n;
+} multi_job;
+
+static void multi_task(void *arg, int64_t k, int thread) {
+    const multi_job *M = arg;
+    int lo = 0, hi = M->n - 1;      /* the job whose range holds k: start[i] <= k < start[i + 1] */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (M->start[mid] <= k) lo = mid; else hi = mid - 1;
+    }
+    M->fn(M->args[lo], k - M->start[lo], thread);
+}
+
+strata_status mdl_pool_run_multi(strata_pool *pool, strata_task_fn fn, void *const *args, const int64_t *counts, int n) {
+    int64_t *start = malloc((size_t)(n + 1) * sizeof *start);
+    if (!start) return strata_fail(STRATA_ERR_NOMEM, "no memory for a pool job");
+    start[0] = 0;
+    for (int i = 0; i < n; i++) start[i + 1] = start[i] + counts[i];
+    const multi_job M = {.fn = fn, .args = args, .start = start, .n = n};
+    strata_pool_run(pool, multi_task, (void *)&M, start[n]);
+    free(start);
+    return STRATA_OK;
 }

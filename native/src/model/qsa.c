@@ -186,8 +186,21 @@ static void store_row(const strata_session *s, mdl_layer_state *st, void *base, 
  * per head [q | gate]), kk, vv (L x Hkv hd), iq (L x nI dI, normalised and roped here in place), ik
  * (L x dI) are the rows' projections; o receives the gated head outputs (L x H hd). Writes the rows'
  * K/V, indexer keys and the block summaries they complete into st. */
-static strata_status qsa_core(strata_session *s, int il, mdl_layer_state *st, int64_t p0, int64_t L, const float *qg,
-                              const float *kk, const float *vv, float *iq, const float *ik, float *o) {
+typedef struct {
+    qsa_job J;
+    float *q, *cs, *scratch, *tmp;
+    int32_t *sel, *n_sel;
+    const float *qg;
+} qsa_seq;
+
+static void qsa_seq_free(qsa_seq *g) {
+    free(g->q); free(g->cs); free(g->sel); free(g->n_sel); free(g->scratch); free(g->tmp);
+    g->q = g->cs = g->scratch = g->tmp = NULL;
+    g->sel = g->n_sel = NULL;
+}
+
+static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, int64_t p0, int64_t L, const float *qg,
+                              const float *kk, const float *vv, float *iq, const float *ik, float *o, qsa_seq *g) {
     const strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
@@ -206,16 +219,16 @@ static strata_status qsa_core(strata_session *s, int il, mdl_layer_state *st, in
     if (grp > 256) return strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il, (long long)grp);
     int64_t scratch_w = grp * n_max + hd;               /* attention: scores of the group + a row */
     if (scratch_w < 2 * (sel_cap + 8)) scratch_w = 2 * (sel_cap + 8);  /* selection: the block heap */
-    float *q = malloc((size_t)(L * H * hd) * sizeof(float));
-    float *cs = malloc((size_t)(L * half * 2 + 2 * half) * sizeof(float));
-    int32_t *sel = malloc((size_t)(L * sel_cap) * sizeof(int32_t));
-    int32_t *n_sel = malloc((size_t)L * sizeof(int32_t));
-    float *scratch = malloc((size_t)(nt * scratch_w) * sizeof(float));
-    float *tmp = malloc((size_t)(dI > hd ? dI : hd) * sizeof(float));
-    strata_status rc = STRATA_OK;
+    float *q = g->q = malloc((size_t)(L * H * hd) * sizeof(float));
+    float *cs = g->cs = malloc((size_t)(L * half * 2 + 2 * half) * sizeof(float));
+    int32_t *sel = g->sel = malloc((size_t)(L * sel_cap) * sizeof(int32_t));
+    int32_t *n_sel = g->n_sel = malloc((size_t)L * sizeof(int32_t));
+    float *scratch = g->scratch = malloc((size_t)(nt * scratch_w) * sizeof(float));
+    float *tmp = g->tmp = malloc((size_t)(dI > hd ? dI : hd) * sizeof(float));
+    g->qg = qg;
     if (!q || !cs || !sel || !n_sel || !scratch || !tmp) {
-        rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)L);
-        goto done;
+        qsa_seq_free(g);
+        return strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)L);
     }
     for (int64_t t = 0; t < L; t++) {
         float *c = cs + t * 2 * half, *sn = c + half;
@@ -255,21 +268,22 @@ static strata_status qsa_core(strata_session *s, int il, mdl_layer_state *st, in
             st->n_blk++;
         }
     }
-    qsa_job J = {.m = m, .l = l, .st = st, .p0 = p0, .L = L, .q = q, .iq = iq, .sel = sel, .n_sel = n_sel,
-                 .sel_cap = sel_cap, .o = o, .scratch = scratch, .scratch_w = scratch_w,
-                 .kv_type = m->params.kv_type, .f16 = strata_qtraits_get(GT_F16)};
-    strata_pool_run(m->pool, select_task, &J, L);
-    strata_pool_run(m->pool, attn_task, &J, L * Hkv);
-    /* output gate σ(gate) per head */
+    g->J = (qsa_job){.m = m, .l = l, .st = st, .p0 = p0, .L = L, .q = q, .iq = iq, .sel = sel, .n_sel = n_sel,
+                     .sel_cap = sel_cap, .o = o, .scratch = scratch, .scratch_w = scratch_w,
+                     .kv_type = m->params.kv_type, .f16 = strata_qtraits_get(GT_F16)};
+    return STRATA_OK;
+}
+
+/* After the selection and attention ran: the output gate σ(gate) per head. */
+static void qsa_post(const qsa_seq *g) {
+    const mdl_hparams *hp = &g->J.m->hp;
+    const int64_t H = hp->n_head, hd = hp->head_dim, L = g->J.L;
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < H; h++) {
-            float *oh = o + (t * H + h) * hd;
-            const float *gh = qg + t * 2 * H * hd + h * 2 * hd + hd;
+            float *oh = g->J.o + (t * H + h) * hd;
+            const float *gh = g->qg + t * 2 * H * hd + h * 2 * hd + hd;
             for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
         }
-done:
-    free(q); free(cs); free(sel); free(n_sel); free(scratch); free(tmp);
-    return rc;
 }
 
 /* The projections of R rows, each one product over all of them, then per sequence i (st[i], p0[i], Ls[i]
@@ -284,8 +298,11 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
     float *kv = malloc((size_t)(R * 2 * Hkv * hd) * sizeof(float));
     float *iqk = malloc((size_t)(R * (nI + 1) * dI) * sizeof(float));
     float *o = malloc((size_t)(R * H * hd) * sizeof(float));
+    qsa_seq *G = calloc((size_t)n, sizeof *G);
+    void **args = malloc((size_t)n * sizeof *args);
+    int64_t *counts = malloc((size_t)n * sizeof *counts);
     strata_status rc = STRATA_OK;
-    if (!qg || !kv || !iqk || !o) {
+    if (!qg || !kv || !iqk || !o || !G || !args || !counts) {
         rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)R);
         goto done;
     }
@@ -295,15 +312,31 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
     if ((rc = mdl_matmul(m, &l->attn_v, 0, u, R, vv))) goto done;
     if ((rc = mdl_matmul(m, &l->idx_q, 0, u, R, iq))) goto done;
     if ((rc = mdl_matmul(m, &l->idx_k, 0, u, R, ik))) goto done;
+    /* every sequence's norms, RoPE and cache writes, then all their selections in one pool job and all
+     * their attention in another, then the gates */
     int64_t r0 = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        rc = qsa_core(ss[i], il, st[i], p0[i], Ls[i], qg + r0 * 2 * H * hd, kk + r0 * Hkv * hd, vv + r0 * Hkv * hd,
-                      iq + r0 * nI * dI, ik + r0 * dI, o + r0 * H * hd);
+    int prepared = 0;
+    for (; prepared < n && !rc; prepared++) {
+        const int i = prepared;
+        rc = qsa_prep(ss[i], il, st[i], p0[i], Ls[i], qg + r0 * 2 * H * hd, kk + r0 * Hkv * hd, vv + r0 * Hkv * hd,
+                      iq + r0 * nI * dI, ik + r0 * dI, o + r0 * H * hd, &G[i]);
+        args[i] = &G[i].J;
         r0 += Ls[i];
     }
+    if (rc) prepared--;               /* the failed one freed its own buffers */
+    if (!rc) {
+        for (int i = 0; i < n; i++) counts[i] = Ls[i];
+        rc = mdl_pool_run_multi(m->pool, select_task, args, counts, n);
+    }
+    if (!rc) {
+        for (int i = 0; i < n; i++) counts[i] = Ls[i] * Hkv;
+        rc = mdl_pool_run_multi(m->pool, attn_task, args, counts, n);
+    }
+    for (int i = 0; i < n && !rc; i++) qsa_post(&G[i]);
     if (!rc) rc = mdl_matmul(m, &l->attn_o, 0, o, R, y);
+    for (int i = 0; i < prepared; i++) qsa_seq_free(&G[i]);
 done:
-    free(qg); free(kv); free(iqk); free(o);
+    free(qg); free(kv); free(iqk); free(o); free(G); free(args); free(counts);
     return rc;
 }
 

@@ -346,7 +346,7 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
 @click.option("--gen-tokens", type=int, default=64, show_default=True, help="Tokens each request generates.")
 @click.option("--prompt-tokens", type=int, default=16, show_default=True, help="Prompt of each decoding request.")
 @click.option("--long-prompt", type=int, default=3000, show_default=True,
-              help="Prompt prefilled beside the decoders in the mixed runs (skipped if it does not fit n_ctx).")
+              help="Prompt prefilled beside the decoders in the mixed runs (0, or more than n_ctx: no mixed runs).")
 @click.option("--batch-requests", type=int, default=64, show_default=True,
               help="Requests of the file-style batch run (0: skip it).")
 @click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
@@ -496,6 +496,19 @@ def _with_env(cmd: click.Command) -> click.Command:
     return cmd
 
 
+def _model_kwargs(kwargs: dict) -> tuple[str | None, str | None, dict]:
+    """Pops the -m / engine flags: (-m or None, --trace-routing or None, pyrunner.Model's keyword
+    arguments from the flags that are set)."""
+    path = kwargs.pop("model_path")
+    trace = kwargs.pop("trace_routing", None)
+    kwargs.pop("trace_path", None)          # (_tracer) and the watchdog (_watchdog) are per request
+    kwargs.pop("watchdog_s", None)
+    engine = {k: kwargs.pop(k) for k in _ENGINE if kwargs.get(k) is not None}
+    for k in _ENGINE:
+        kwargs.pop(k, None)
+    return path, trace, engine
+
+
 def _open_model(kwargs: dict):
     """pyrunner.Model from the popped -m / engine flags; with no -m, the default model (models.default_model)."""
     import warnings
@@ -504,13 +517,7 @@ def _open_model(kwargs: dict):
     from ._native import StrataError
     from .models import MakeModelError, default_model
 
-    path = kwargs.pop("model_path")
-    trace = kwargs.pop("trace_routing", None)
-    kwargs.pop("trace_path", None)          # (_tracer) and the watchdog (_watchdog) are per request
-    kwargs.pop("watchdog_s", None)
-    engine = {k: kwargs.pop(k) for k in _ENGINE if kwargs.get(k) is not None}
-    for k in _ENGINE:
-        kwargs.pop(k, None)
+    path, trace, engine = _model_kwargs(kwargs)
     try:
         if path is None:
             path, notice = default_model(log=lambda s: click.echo(s, err=True))
@@ -835,9 +842,13 @@ def chat(max_tokens, system, template_kwargs, **kwargs):
               help="Sequences run at once, batched into each forward step (default: as many as the memory "
                    "their state needs leaves room for, at most 16; 1: one after another). Greedy output is the "
                    "same whatever the count.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run the file on a Ray cluster (Ray Data; each actor loads the model once): --ray alone or "
+                   "--ray local starts a cluster on this machine bound to 127.0.0.1 only, --ray HEAD:6379 joins "
+                   "that cluster (every node needs strata and the model at the same path).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @_engine_options
-def batch(in_path, out_path, retry_errors, max_tokens, parallel, quiet, **kwargs):
+def batch(in_path, out_path, retry_errors, max_tokens, parallel, ray_address, quiet, **kwargs):
     """Run the requests in IN.jsonl (UTF-8; {"id", "prompt"} or {"id", "messages"} per line, plus
     optional OpenAI-named sampling fields) and write one JSON line per request to OUT.jsonl, in input
     order; a line that cannot run gets an "error" naming its line and the run goes on. Re-running the
@@ -854,15 +865,31 @@ def batch(in_path, out_path, retry_errors, max_tokens, parallel, quiet, **kwargs
         raise _fail(e) from None
     params = _sampling(kwargs, max_tokens)
     wd = _watchdog(kwargs)
-    tracer = _tracer(kwargs)
-    model = _open_model(kwargs)
-    try:
-        with tracer, model:
-            counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd,
-                               retry_errors=retry_errors, parallel=parallel)
-    except (BatchError, StrataError) as e:
-        raise _fail(e) from None
-    _trace_note(tracer)
+    if ray_address is not None:             # the actors load the model, not this process
+        if kwargs.get("trace_path") or kwargs.get("trace_routing"):
+            raise click.ClickException("--trace and --trace-routing record one process; run without --ray to trace")
+        from .models import MakeModelError, default_model
+        from .ray_batch import run_batch_ray
+
+        path, _, engine = _model_kwargs(kwargs)
+        try:
+            if path is None and ray_address == "local":     # a cluster's nodes each load their own default
+                path, notice = default_model(log=lambda s: click.echo(s, err=True))
+                click.echo(notice, err=True)
+            counts = run_batch_ray(path, engine, in_path, out_path, params, address=ray_address, parallel=parallel,
+                                   retry_errors=retry_errors, progress=not quiet, watchdog_s=wd)
+        except (BatchError, MakeModelError, OSError) as e:
+            raise _fail(e) from None
+    else:
+        tracer = _tracer(kwargs)
+        model = _open_model(kwargs)
+        try:
+            with tracer, model:
+                counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd,
+                                   retry_errors=retry_errors, parallel=parallel)
+        except (BatchError, StrataError) as e:
+            raise _fail(e) from None
+        _trace_note(tracer)
     click.echo(f"batch: {counts['total']} requests in {in_path}: {counts['done']} run, {counts['errors']} with errors, "
                f"{counts['skipped']} already in {out_path}"
                + (f", {counts['duplicates']} duplicate ids ignored" if counts["duplicates"] else ""), err=True)

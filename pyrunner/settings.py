@@ -155,3 +155,12 @@ def ple_test_stall() -> tuple[int | None, int | None]:
 
 def watchdog_s() -> float | None:
     return _float(WATCHDOG_S, "a number of seconds")
+
+
+def ray_environment(local: bool) -> None:
+    """The environment Ray reads at import and hands to its processes: usage statistics off (unless the
+    environment already says), and for a local cluster (`--ray` alone) always off and a one-machine
+    cluster, so that its processes talk over 127.0.0.1 only (pyrunner/ray_batch.py)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if local:
+        os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})

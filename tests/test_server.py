@@ -7,6 +7,7 @@ fake piece source, the real model with tools), /metrics parsed, a bounded load t
 SIGTERM on the real CLI. No speed assertions."""
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import os
@@ -766,3 +767,62 @@ def test_chat_keeps_checkpoints_where_the_system_prompt_and_earlier_turns_end(mo
     past = prompt_ids(model, render_messages(model, msgs[:-1], add_generation_prompt=False), add_special=False)
     assert job.checkpoint_at == (len(sys_ids), len(past))
     assert job.prompt[:len(past)] == past
+
+
+def _mutants(rng, seed_bodies, n):
+    """Bodies a fuzzer would send: valid requests with values swapped for odd ones, keys dropped or
+    added, types changed, nested garbage, and raw bytes flipped in their JSON text."""
+    odd = [None, True, -1, 0, 2**63, -2**63, 1e308, -0.0, "", "x" * 5000, "\ud800", [], {}, [None], {"a": []},
+           [[[[]]]], "NaN", 3.5, -7, [1, "a"], {"type": "json_object"}, "\x00"]
+    for _ in range(n):
+        body = json.loads(json.dumps(seed_bodies[rng.integers(len(seed_bodies))]))
+        for _ in range(int(rng.integers(1, 4))):
+            keys = list(body)
+            op = rng.integers(4)
+            if op == 0 and keys:
+                body[keys[rng.integers(len(keys))]] = odd[rng.integers(len(odd))]
+            elif op == 1 and keys:
+                del body[keys[rng.integers(len(keys))]]
+            elif op == 2:
+                body[["n", "stop", "logprobs", "top_logprobs", "stream_options", "tools", "messages", "prompt",
+                      "seed", "max_tokens", "temperature", "bogus"][rng.integers(12)]] = odd[rng.integers(len(odd))]
+            elif "messages" in body and isinstance(body["messages"], list) and body["messages"]:
+                body["messages"][0] = odd[rng.integers(len(odd))]
+        text = json.dumps(body).encode("utf-8", "surrogatepass")
+        if rng.random() < 0.25:                      # flip bytes of the JSON text itself
+            b = bytearray(text)
+            for _ in range(int(rng.integers(1, 4))):
+                b[rng.integers(len(b))] = int(rng.integers(256))
+            text = bytes(b)
+        yield text
+
+
+def test_fuzzed_bodies_never_crash_the_server(server, model):
+    """240 mutated request bodies on both POST routes (bounded: max_tokens kept small): every answer is
+    a 200 or an OpenAI error body with a 4xx status, never a 500 or a dropped connection, and the
+    server still answers correctly afterwards."""
+    import numpy as np
+    rng = np.random.default_rng(18)
+    seeds = {"/v1/completions": [{"prompt": "def f(", "max_tokens": 2, "temperature": 0},
+                                 {"prompt": [1, 2, 3], "max_tokens": 1, "logprobs": 2, "stop": ["\n"]}],
+             "/v1/chat/completions": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                                      {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                       "max_tokens": 1, "tools": [{"type": "function", "function": {"name": "f"}}]}]}
+    seen = collections.Counter()
+    for path, bodies in seeds.items():
+        for text in _mutants(rng, bodies, 120):
+            try:
+                data = json.loads(text)
+                if isinstance(data, dict) and isinstance(data.get("max_tokens"), int) and data["max_tokens"] > 4:
+                    continue                         # bounded: no long generations
+            except ValueError:
+                pass
+            status, _, out = raw(server, "POST", path, text, {"Content-Type": "application/json"})
+            seen[status] += 1
+            assert status == 200 or 400 <= status < 500, (status, text[:300], out)
+            if status != 200:
+                assert isinstance(out, dict) and set(out["error"]) >= {"message", "type", "param", "code"}, out
+    assert seen[200] > 0 and sum(v for k, v in seen.items() if k >= 400) > 0, seen
+    assert raw(server, "GET", "/health")[0] == 200
+    r = client(server).completions.create(model="m", prompt=PROMPTS[0], max_tokens=N, temperature=0)
+    assert r.choices[0].text == generate(model, PROMPTS[0], max_tokens=N, temperature=0).text

@@ -11,7 +11,8 @@ For each concurrency c (model load excluded, one Model for every run):
            step's picks times the expert's bytes, over the tokens generated.
   mixed    the same c decoding requests, and once they all decode, one more request whose prompt is
            `long_prompt` tokens long: the decoders' inter-token p50 / p99 while it is prefilled (its
-           chunks of `prefill_chunk` tokens, a multiple of 64, share each step with their decode tokens).
+           chunks of `prefill_chunk` tokens share each step with their decode tokens; None: the model's
+           step, which `strata bench serve --prefill-chunk N` sets when N is not a multiple of 64).
 and a file-style batch: `batch_requests` prompts x `batch_tokens` tokens through the engine with
 max_seqs 1 and then `batch_parallel`, generated tokens/s of each and their ratio.
 
@@ -89,7 +90,7 @@ def _random_prompt(rng, model, n: int) -> list:
 
 
 def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_prompt: int, seed: int,
-                    mixed: bool, trace_dir: str, prefill_chunk: int = 64) -> dict:
+                    mixed: bool, trace_dir: str, prefill_chunk: int | None = 64) -> dict:
     eog = end_of_generation_ids(model)
     params = SamplingParams(max_tokens=gen_tokens, temperature=0, logit_bias={t: -np.inf for t in eog})
     rng = np.random.default_rng(seed + c)
@@ -166,7 +167,7 @@ def run_batch_ratio(model, n_requests: int, gen_tokens: int, parallel: int, seed
 
 def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens: int = 16, long_prompt: int = 3000,
         batch_requests: int = 64, batch_tokens: int = 256, batch_parallel: int = 8, seed: int = 0,
-        progress=None, prefill_chunk: int = 64) -> dict:
+        progress=None, prefill_chunk: int | None = 64) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-serve-") as d:
         for c in concurrency:
@@ -187,7 +188,7 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
             r["vs_single"] = r["decode_tps"] / base
     out = {"settings": {"model": model.path, "threads": model.n_threads, "device": model.device,
                         "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens, "long_prompt": long_prompt,
-                        "prefill_chunk": prefill_chunk},
+                        "prefill_chunk": prefill_chunk or min(512, getattr(model, "prefill_chunk", 512))},
            "rows": rows}
     if batch_requests > 0:
         out["batch"] = run_batch_ratio(model, batch_requests, batch_tokens, batch_parallel, seed)

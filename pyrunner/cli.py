@@ -351,8 +351,10 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
               help="Requests of the file-style batch run (0: skip it).")
 @click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
 @click.option("--batch-parallel", type=int, default=8, show_default=True, help="Its parallel run's sequences.")
-@click.option("--prefill-chunk", type=int, default=64, show_default=True,
-              help="Prompt tokens a request evaluates per step (a multiple of 64; smaller: less wait for the decoders).")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Prompt tokens a request evaluates per step: a multiple of 64 is cut from the model's 512-token "
+                   "steps (output as `strata generate`); another count becomes the model's step (as generate "
+                   "--prefill-chunk N), e.g. 16: less wait for the decoders.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, gen_tokens, prompt_tokens, long_prompt,
                 batch_requests, batch_tokens, batch_parallel, prefill_chunk, seed):
@@ -368,11 +370,14 @@ def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, ge
     except ValueError:
         raise click.ClickException(f"--concurrency {concurrency!r}: give comma-separated counts, e.g. 1,2,4") from None
     try:
-        with Model(model_path, threads=threads, device=device, cache_gib=cache_gib) as m:
+        # a chunk that is not whole GDN chunks is the model's own step (generate --prefill-chunk N cuts the same)
+        whole = prefill_chunk % 64 == 0
+        with Model(model_path, threads=threads, device=device, cache_gib=cache_gib,
+                   **({} if whole else {"prefill_chunk": prefill_chunk})) as m:
             res = bs.run(m, conc, gen_tokens, prompt_tokens, long_prompt, batch_requests, batch_tokens,
                          batch_parallel, seed, progress=None if as_json else
                          (lambda r: click.echo(f"  {r['concurrency']} {r['mode']}: {r['generated_tps']:.1f} tok/s",
-                                               err=True)), prefill_chunk=prefill_chunk)
+                                               err=True)), prefill_chunk=prefill_chunk if whole else None)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
     click.echo(json.dumps(res, indent=1) if as_json else bs.table(res))

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import os
 import threading
 import time
 from dataclasses import dataclass, field

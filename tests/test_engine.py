@@ -4,7 +4,6 @@ points 1-3): batched logits are bit-identical to each sequence run alone, on the
 reuse; the engine's greedy output equals generate() alone; cancellation, budget and queue bounds."""
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np

@@ -723,7 +723,7 @@ def test_cli_serve_equals_generate_and_shuts_down_on_sigterm(model):
         assert long_body.rstrip().endswith("data: [DONE]") and '"finish_reason":"cancelled"' in long_body
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
-        assert f"SIGTERM: not accepting new requests; 2 in flight" in out
+        assert "SIGTERM: not accepting new requests; 2 in flight" in out
         tail = out.strip().splitlines()[-1]
         assert tail == f"strata serve: stopped; finished 1 ({short_id}), cancelled 1 ({long_id})", out
         long_conn.close()

@@ -233,7 +233,8 @@ class _Batcher:
         eng = self.engine
         with eng._cv:
             eng._pending.append(p)
-            eng._cv.notify_all()
+            if len(eng._pending) >= len(eng._running):   # the last one the step waits for: wake it only then
+                eng._cv.notify_all()
         p.done.wait()
         if p.error is not None:
             raise p.error

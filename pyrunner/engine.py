@@ -610,26 +610,25 @@ class Engine:
         def on_token(tok):
             got.append(tok)
 
+        def emit(text: str) -> None:
+            """The text released since the last piece, with the tokens sampled since (and their logprobs)."""
+            toks = list(got)
+            got.clear()
+            lps = [sampler.records.popleft() for _ in toks] if req.n_logprobs is not None else None
+            self._count_tokens(len(toks))
+            req._put(Piece(text, toks, lps))
+
         c = None
         try:
             gen = _loop(model, sess, req.prompt_ids, req.params, self._eog, req.t_submit, req.mtp, req.checkpoint_at, None,
                         self.watchdog_s, req.halt, sampler, on_token)
             try:
                 while True:
-                    text = next(gen)
-                    toks, got[:] = list(got), []
-                    lps = None
-                    if req.n_logprobs is not None:
-                        lps = [sampler.records.popleft() for _ in toks]
-                    self._count_tokens(len(toks))
-                    req._put(Piece(text, toks, lps))
+                    emit(next(gen))
             except StopIteration as stop_it:
                 c = stop_it.value
             if got:                  # tokens whose text the stop rules held back or dropped: still sampled
-                lps = [sampler.records.popleft() for _ in got] if req.n_logprobs is not None else None
-                self._count_tokens(len(got))
-                req._put(Piece("", list(got), lps))
-                got.clear()
+                emit("")
         except Cancelled:
             c = None
         except BaseException as e:   # noqa: BLE001 (the request ends with the error; the engine goes on)

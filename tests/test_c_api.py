@@ -52,22 +52,26 @@ def _run(exe, *args) -> list[list[int]]:
     return [list(map(int, line.split()[1:])) for line in r.stdout.splitlines() if line.startswith("tokens:")]
 
 
-def test_example_matches_python_greedy(tiny, example):
-    prompt = "The quick brown fox"
-    runs = _run(example, tiny, prompt, "-n", 20, "--temp", 0, "--parallel", 2)
-    assert len(runs) == 2 and runs[0] == runs[1] and len(runs[0]) >= 1
-    m = Model(tiny, n_ctx=4096)
+def _python_greedy(m, prompt: str, n: int) -> list[int]:
+    """The examples' greedy rule in pyrunner: argmax (lowest id on ties), stop after the file's EOS."""
     s = m.session()
     logits = s.eval(m.tokenize(prompt))
-    want = []
     eos = m.metadata.get("tokenizer.ggml.eos_token_id")
-    for _ in range(20):
+    want = []
+    for _ in range(n):
         t = int(np.argmax(logits))
         want.append(t)
         if t == eos:
             break
         logits = s.eval([t])
-    assert runs[0] == want
+    return want
+
+
+def test_example_matches_python_greedy(tiny, example):
+    prompt = "The quick brown fox"
+    runs = _run(example, tiny, prompt, "-n", 20, "--temp", 0, "--parallel", 2)
+    assert len(runs) == 2 and runs[0] == runs[1] and len(runs[0]) >= 1
+    assert runs[0] == _python_greedy(Model(tiny, n_ctx=4096), prompt, 20)
 
 
 def test_example_sampling_is_reproducible(tiny, example):
@@ -139,17 +143,7 @@ def test_batch_example_gives_each_prompt_its_tokens_alone(tiny, tmp_path_factory
     steps = int(r.stdout.rsplit("steps:", 1)[1])
     assert steps <= 12                       # one forward per step for all three
     m = Model(tiny, n_ctx=4096)
-    eos = m.metadata.get("tokenizer.ggml.eos_token_id")
     for p, toks in zip(prompts, got):
-        s = m.session()
-        logits = s.eval(m.tokenize(p))
-        want = []
-        for _ in range(12):
-            t = int(np.argmax(logits))
-            want.append(t)
-            if t == eos:
-                break
-            logits = s.eval([t])
-        assert toks == want
+        assert toks == _python_greedy(m, p, 12)
     bad = subprocess.run([str(exe), tiny], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr

@@ -112,6 +112,14 @@ def test_bad_hyperparameter_is_named(micro, tmp_path):
         Model(bad)
 
 
+def test_block_count_past_the_tensor_table_is_refused(micro, tmp_path):
+    # found by fuzz_model: a block_count of ~10^9 made the loader ask for 34 GB of per-block records
+    # before any tensor was checked; now the count is held to the file's tensor table first
+    bad = _rewrite(micro, str(tmp_path / "bad.gguf"), set_key=("qwen4exp.block_count", 1_000_000_000))
+    with pytest.raises(FormatError, match=r"block_count 1000000000 but the file holds \d+ tensors"):
+        Model(bad)
+
+
 def test_other_architecture_is_refused(micro, tmp_path):
     bad = _rewrite(micro, str(tmp_path / "bad.gguf"), set_key=("general.architecture", "llama"))
     with pytest.raises(UnsupportedError, match=r"architecture is 'llama'"):

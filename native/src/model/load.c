@@ -299,6 +299,12 @@ static strata_status read_hparams_in(strata_model *m, int64_t *arr, int64_t cap)
                            "(the released checkpoint has one): convert with one MTP layer or with --no-mtp", (long long)nextn);
     x -= nextn;
     if (x + nextn > INT32_MAX / 2) return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: block_count %lld", (long long)(x + nextn));
+    /* every block holds tensors of its own: a count past the tensor table is a damaged header, refused
+     * before the per-block arrays are allocated for it */
+    if (x + nextn > strata_gguf_n_tensors(g))
+        return strata_fail(STRATA_ERR_FORMAT, "qwen4exp model: block_count %lld but the file holds %lld tensors: "
+                           "the header is damaged or the file is cut short; convert it again",
+                           (long long)(x + nextn), (long long)strata_gguf_n_tensors(g));
     h->n_layer = (int32_t)x;
     h->n_mtp = (int32_t)nextn;
     /* the MTP block, when present, is layers[n_layer]: one more block */

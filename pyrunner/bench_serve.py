@@ -9,10 +9,12 @@ For each concurrency c (model load excluded, one Model for every run):
            bytes read per generated token: from the routing trace (strata.h strata_model_trace_routing),
            every (step, layer) reads each expert some row picked once, so it is the union of the
            step's picks times the expert's bytes, over the tokens generated.
-  mixed    the same c decoding requests, and once they all decode, one more request whose prompt is
-           `long_prompt` tokens long: the decoders' inter-token p50 / p99 while it is prefilled (its
-           chunks of `prefill_chunk` tokens share each step with their decode tokens; None: the model's
-           step, which `strata bench serve --prefill-chunk N` sets when N is not a multiple of 64).
+  mixed    the same c decoding requests, and once they have 16 tokens each, one more request whose prompt is
+           `long_prompt` tokens long; the decoders run on until it is prefilled (then they are cancelled):
+           their inter-token p50 / p99 while it is prefilled (its
+           pieces of at most `prefill_chunk` tokens share each step's `token_budget` with their decode
+           tokens; None: the model's step; pieces of any length keep the output generate()'s), and with
+           `itl_factor` sized from live costs so a step takes about that many decode-only steps).
 and a file-style batch: `batch_requests` prompts x `batch_tokens` tokens through the engine with
 max_seqs 1 and then `batch_parallel`, generated tokens/s of each and their ratio.
 
@@ -27,7 +29,7 @@ import time
 
 import numpy as np
 
-from .engine import Engine
+from .engine import DECODE_WINDOW, Engine
 from .generate import end_of_generation_ids
 from .sampling import SamplingParams
 
@@ -90,14 +92,19 @@ def _random_prompt(rng, model, n: int) -> list:
 
 
 def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_prompt: int, seed: int,
-                    mixed: bool, trace_dir: str, prefill_chunk: int | None = 64) -> dict:
+                    mixed: bool, trace_dir: str, prefill_chunk: int | None = 64,
+                    token_budget: int | None = None, itl_factor: float | None = None) -> dict:
     eog = end_of_generation_ids(model)
-    params = SamplingParams(max_tokens=gen_tokens, temperature=0, logit_bias={t: -np.inf for t in eog})
+    # mixed: the decoders go on until the long prompt is prefilled (then they are cancelled), so every
+    # step of its prefill has them beside it
+    params = SamplingParams(max_tokens=model.n_ctx - prompt_tokens - 8 if mixed else gen_tokens, temperature=0,
+                            logit_bias={t: -np.inf for t in eog})
     rng = np.random.default_rng(seed + c)
     per_expert = _expert_bytes(model)
     route = os.path.join(trace_dir, f"route-{c}-{int(mixed)}.jsonl")
     out = {"concurrency": c, "mode": "mixed" if mixed else "decode"}
-    with Engine(model, max_seqs=c + (1 if mixed else 0), mtp=0, prefill_chunk=prefill_chunk) as eng:
+    with Engine(model, max_seqs=c + (1 if mixed else 0), mtp=0, prefill_chunk=prefill_chunk,
+                token_budget=token_budget, itl_factor=itl_factor) as eng:
         # warm-up: one step of everything the run will use
         eng.submit(_random_prompt(rng, model, prompt_tokens), SamplingParams(max_tokens=2, temperature=0)).result()
         model.trace_routing(route)
@@ -109,12 +116,16 @@ def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_pro
 
             th = threading.Thread(target=_drain, args=(timed,), daemon=True)
             th.start()
-            while any(len(t.times) < 2 for t in timed):       # every decoder is past its first token
+            # every decoder is past its first tokens: the engine has seen what a decode step costs (its
+            # itl_factor plans from the last 16 decode-only steps, engine.DECODE_WINDOW)
+            while any(len(t.times) < DECODE_WINDOW for t in timed):
                 time.sleep(0.001)
             t_big = time.perf_counter()
             big = eng.submit(_random_prompt(rng, model, long_prompt), SamplingParams(max_tokens=1, temperature=0))
             big.result()
             t_big_end = time.perf_counter()
+            for t in timed:
+                t.req.cancel()
             th.join()
         else:
             _drain(timed)
@@ -167,7 +178,8 @@ def run_batch_ratio(model, n_requests: int, gen_tokens: int, parallel: int, seed
 
 def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens: int = 16, long_prompt: int = 3000,
         batch_requests: int = 64, batch_tokens: int = 256, batch_parallel: int = 8, seed: int = 0,
-        progress=None, prefill_chunk: int | None = 64) -> dict:
+        progress=None, prefill_chunk: int | None = 64, token_budget: int | None = None,
+        itl_factor: float | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-serve-") as d:
         for c in concurrency:
@@ -175,7 +187,7 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
                 if mixed and (long_prompt <= 0 or long_prompt + 8 > model.n_ctx):
                     continue
                 rows.append(run_concurrency(model, c, gen_tokens, prompt_tokens, long_prompt, seed, mixed, d,
-                                            prefill_chunk))
+                                            prefill_chunk, token_budget, itl_factor))
                 if progress:
                     progress(rows[-1])
     dec = {r["concurrency"]: r for r in rows if r["mode"] == "decode"}
@@ -188,7 +200,9 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
             r["vs_single"] = r["decode_tps"] / base
     out = {"settings": {"model": model.path, "threads": model.n_threads, "device": model.device,
                         "gen_tokens": gen_tokens, "prompt_tokens": prompt_tokens, "long_prompt": long_prompt,
-                        "prefill_chunk": prefill_chunk or min(512, getattr(model, "prefill_chunk", 512))},
+                        "prefill_chunk": prefill_chunk or min(512, getattr(model, "prefill_chunk", 512)),
+                        "token_budget": token_budget or prefill_chunk or min(512, getattr(model, "prefill_chunk", 512)),
+                        "itl_factor": itl_factor},
            "rows": rows}
     if batch_requests > 0:
         out["batch"] = run_batch_ratio(model, batch_requests, batch_tokens, batch_parallel, seed)

@@ -351,13 +351,17 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
               help="Requests of the file-style batch run (0: skip it).")
 @click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
 @click.option("--batch-parallel", type=int, default=8, show_default=True, help="Its parallel run's sequences.")
-@click.option("--prefill-chunk", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Prompt tokens a request evaluates per step: a multiple of 64 is cut from the model's 512-token "
-                   "steps (output as `strata generate`); another count becomes the model's step (as generate "
-                   "--prefill-chunk N), e.g. 16: less wait for the decoders.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1, max=512), default=64, show_default=True,
+              help="Prompt tokens a request evaluates per step at most (pieces of any length keep the output "
+                   "`strata generate`'s).")
+@click.option("--token-budget", type=click.IntRange(min=1), default=None,
+              help="Tokens per step, decode tokens first, prompt pieces from the rest [default: --prefill-chunk].")
+@click.option("--itl-factor", type=float, default=None,
+              help="While requests decode, size prompt pieces from live costs so a step takes about this many times "
+                   "a decode-only step (as `strata serve --itl-factor`) [default: the budget alone].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, gen_tokens, prompt_tokens, long_prompt,
-                batch_requests, batch_tokens, batch_parallel, prefill_chunk, seed):
+                batch_requests, batch_tokens, batch_parallel, prefill_chunk, token_budget, itl_factor, seed):
     """Continuous batching under 1..16 concurrent sequences: generated tokens/s, time to first token,
     inter-token p50/p99 (decode only, and beside a long prompt's prefill), expert bytes read per
     generated token; and a file-style batch at --parallel 1 vs N (pyrunner/bench_serve.py)."""
@@ -370,14 +374,12 @@ def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, ge
     except ValueError:
         raise click.ClickException(f"--concurrency {concurrency!r}: give comma-separated counts, e.g. 1,2,4") from None
     try:
-        # a chunk that is not whole GDN chunks is the model's own step (generate --prefill-chunk N cuts the same)
-        whole = prefill_chunk % 64 == 0
-        with Model(model_path, threads=threads, device=device, cache_gib=cache_gib,
-                   **({} if whole else {"prefill_chunk": prefill_chunk})) as m:
+        with Model(model_path, threads=threads, device=device, cache_gib=cache_gib) as m:
             res = bs.run(m, conc, gen_tokens, prompt_tokens, long_prompt, batch_requests, batch_tokens,
                          batch_parallel, seed, progress=None if as_json else
                          (lambda r: click.echo(f"  {r['concurrency']} {r['mode']}: {r['generated_tps']:.1f} tok/s",
-                                               err=True)), prefill_chunk=prefill_chunk if whole else None)
+                                               err=True)), prefill_chunk=prefill_chunk, token_budget=token_budget,
+                         itl_factor=itl_factor)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
     click.echo(json.dumps(res, indent=1) if as_json else bs.table(res))
@@ -977,8 +979,11 @@ def plot(trace, out, bins):
               help="Requests waiting beyond those; more get 503 with Retry-After [default: no limit].")
 @click.option("--grace-s", type=float, default=10.0, show_default=True,
               help="At SIGTERM / Ctrl-C, how long the requests in flight may run on before they are cancelled.")
+@click.option("--itl-factor", type=float, default=2.0, show_default=True,
+              help="While requests decode, a prompt is prefilled in pieces sized from live costs so that a step "
+                   "takes about this many times a decode-only step (0: whole 512-token steps, the fastest prefill).")
 @_engine_options
-def serve(host, port, api_key, max_concurrent, max_queue, grace_s, **kwargs):
+def serve(host, port, api_key, max_concurrent, max_queue, grace_s, itl_factor, **kwargs):
     """Serve the model over OpenAI's HTTP API: POST /v1/completions and /v1/chat/completions (streaming
     too), GET /v1/models, /health and /metrics (Prometheus). Requests are batched: up to --max-concurrent
     generate together, --max-queue more wait. SIGTERM or Ctrl-C stops accepting, lets the requests in
@@ -990,6 +995,8 @@ def serve(host, port, api_key, max_concurrent, max_queue, grace_s, **kwargs):
             raise click.ClickException(f"{name} {v}: give at least {lo}")
     if grace_s < 0:
         raise click.ClickException(f"--grace-s {grace_s}: give 0 or more seconds")
+    if itl_factor != 0 and not itl_factor > 1:
+        raise click.ClickException(f"--itl-factor {itl_factor}: give a factor above 1, or 0 (whole-step prefill)")
     if not 0 <= port <= 65535:
         raise click.ClickException(f"--port {port}: give a TCP port, 0..65535 (0: any free one)")
     try:
@@ -1008,7 +1015,7 @@ def serve(host, port, api_key, max_concurrent, max_queue, grace_s, **kwargs):
     try:
         with tracer, model:
             run(model, host=host, port=port, api_key=api_key, max_concurrent=max_concurrent, max_queue=max_queue,
-                watchdog_s=wd, grace_s=grace_s, echo=echo)
+                watchdog_s=wd, grace_s=grace_s, itl_factor=itl_factor or None, echo=echo)
     except (StrataError, OSError, ValueError) as e:
         raise _fail(e) from None
     _trace_note(tracer)

@@ -16,15 +16,20 @@ How it works (vLLM's continuous batching, on generate.py's own request loop):
     positions, state, checkpoints and verify window. Dense matmuls run once over every row, each
     sequence's GDN / QSA / PLE mixer on its own state, and the MoE groups merge every sequence's picks,
     so a step reads the dense weights and each picked expert once for all of them.
-  - Chunked prefill: an evaluation longer than `prefill_chunk` tokens (a prompt) runs a chunk per step;
-    each step takes every short evaluation (decode tokens, verify windows) and then prefill chunks
-    while the step's tokens stay within `token_budget` (at least one chunk per step, so a prompt always
-    advances), so a long prompt does not stall the requests that are decoding.
+  - Chunked prefill: an evaluation longer than `prefill_chunk` tokens (a prompt) runs a piece per step;
+    each step takes every short evaluation (decode tokens, verify windows) and then prefill pieces
+    from what is left of `token_budget` (at least a few tokens per step, so a prompt always advances),
+    so a long prompt does not stall the requests that are decoding. With `itl_factor` X, while requests
+    decode the pieces are also sized from live costs so that a step takes about X times a step of the
+    decode tokens alone: the engine measures the native time of decode-only steps and the time each
+    prefill token adds (moving averages; the latter grows with the prompt's context), and gives the
+    prompts (X - 1) x decode-step / per-token-cost tokens (at least 1).
   - Batch-invariant: a sequence's logits are bit-identical whichever sequences share its steps
-    (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and prefill
-    chunks are multiples of 64 tokens cut from where the evaluation starts, which the GDN's chunked
-    form splits as an unchunked evaluation does. So greedy output equals the same request run alone
-    with generate(), token for token, MTP included.
+    (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and a prompt's
+    pieces, of any length, give the bits of one evaluation of the whole prompt: each piece but the
+    last is evaluated with STRATA_EVAL_CONTINUED, which leaves the GDN's partial 64-token chunk open
+    for the next piece (next_chunk). So greedy output equals the same request run alone with
+    generate(), token for token, MTP included.
   - Sequences: at most `max_seqs` run at once (default: as many as the memory their state needs at
     the longest prompt + max_tokens leaves room for, at most 16); requests beyond wait in a queue of at
     most `max_queue` (submit raises QueueFull past it). A finished request's session goes back to a pool
@@ -51,11 +56,14 @@ from .sampling import Sampler, SamplingParams
 
 MAX_SEQS_DEFAULT = 16
 KEEP_STATES = 2         # strata.h STRATA_EVAL_KEEP_STATES
+CONTINUED = 4           # strata.h STRATA_EVAL_CONTINUED
 RECENT_PROMPTS = 32     # prompts a new one is compared with for a shared beginning
 SHARED_MIN = 32         # a shared beginning at least this long gets a checkpoint
 STATE_CHUNK = 256       # native/src/model/state.c: the caches grow in chunks of this many tokens
-GDN_CHUNK = 64          # native/src/model/gdn.c: prefill chunks are multiples of it (batch invariance)
+GDN_CHUNK = 64          # native/src/model/gdn.c: the chunked form's chunk (STRATA_EVAL_CONTINUED needs n_ubatch a multiple)
 GDN_CHUNK_MIN = 32      # gdn.c GDN_CHUNK_MIN_TOKENS: a step this long runs the chunked form
+MIN_PIECE = 16          # prefill tokens a step gives the first prompt even when decode tokens fill the budget
+DECODE_WINDOW = 16      # itl_factor: decode-only steps whose median native time is a decode step's cost
 
 
 class QueueFull(Exception):
@@ -240,24 +248,21 @@ class _Batcher:
             raise p.error
 
 
-def next_chunk(n: int, pos: int, chunk: int, cap: int) -> int:
-    """Tokens of an n-token evaluation to run from pos (a multiple of `chunk`) in this step, so that
-    the steps give the bits of one strata_session_eval of all n: that call cuts them into steps of `cap`
-    (the model's n_ubatch); a step of >= 32 tokens runs the GDN's chunked form over 64-token chunks from
-    its start, a shorter one the recurrence (gdn.c). With `chunk` a multiple of 64 and <= cap, every
-    step but the last covers whole 64-token chunks as the one call does; the last must take the same
-    form as the call's last step: when that is 32 tokens or more, a tail under 32 rides with the chunk
-    before it; when it is shorter (the recurrence), the same tokens are a step of their own."""
-    rest = n - pos
+def next_chunk(n: int, pos: int, want: int, cap: int) -> tuple[int, bool]:
+    """(tokens, continued): the piece of an n-token evaluation to run from pos in this step, at most
+    `want` tokens, and whether to evaluate it with STRATA_EVAL_CONTINUED, so that the pieces give the
+    bits of one strata_session_eval of all n. That call cuts them into steps of `cap` (the model's
+    n_ubatch, a multiple of 64); a step of >= 32 tokens runs the GDN's chunked form over 64-token chunks
+    from its start, a shorter one the recurrence (gdn.c). Pieces of the chunked part are continued
+    (each leaves its partial chunk open for the next; the last closes it); when the call's last step is
+    shorter than 32 tokens, the piece before it ends on that step's start (a chunk boundary) without the
+    flag, and the last step's tokens run as pieces of their own, the recurrence split anywhere."""
     last = n - cap * ((n - 1) // cap)          # the one call's last step
-    if last < GDN_CHUNK_MIN:                   # it runs the recurrence: so must the same tokens here
-        tail = n - last
-        return last if pos >= tail else min(chunk, tail - pos)
-    if rest <= chunk:
-        return rest
-    if rest - chunk < GDN_CHUNK_MIN:
-        return rest
-    return chunk
+    chunked_end = n - last if last < GDN_CHUNK_MIN else n
+    if pos < chunked_end:
+        take = min(want, chunked_end - pos)
+        return take, pos + take < chunked_end
+    return min(want, n - pos), False
 
 
 def _mem_available() -> int | None:
@@ -276,14 +281,18 @@ class Engine:
 
     def __init__(self, model, max_seqs: int | None = None, max_queue: int | None = None, mtp: int | None = None,
                  watchdog_s: float | None = None, prefill_chunk: int | None = None,
-                 token_budget: int | None = None, memory_bytes: int | None = None):
+                 token_budget: int | None = None, memory_bytes: int | None = None,
+                 itl_factor: float | None = None):
         """max_seqs: sequences run at once (None: 16), and fewer while their state would not fit in
         memory_bytes (default: half of MemAvailable at the first request): each running request counts
         the state its prompt + max_tokens grows to (state_need), so many short requests run where few
         long ones would, and the rest wait in the queue. max_queue: requests waiting beyond them at
         most (None: no bound). mtp: MTP drafts per window (None: the model's). prefill_chunk: tokens of a
-        prompt evaluated per step (a multiple of 64; default the model's step, 512). token_budget: tokens
-        per step the prefill chunks may fill (default prefill_chunk)."""
+        prompt evaluated per step at most (default the model's step, 512; any count, as pieces of one
+        evaluation keep its bits: next_chunk). token_budget: tokens per step, decode tokens and verify
+        windows first, prefill pieces from the rest (default prefill_chunk). itl_factor: while requests
+        decode, size the prefill pieces so a step takes about this many times a decode-only step (live
+        costs, module docstring; > 1; None: the budget alone)."""
         self.model = model
         self.mtp = getattr(model, "mtp", 0) if mtp is None else int(mtp)
         if self.mtp < 0:
@@ -291,14 +300,18 @@ class Engine:
         self.watchdog_s = trace.watchdog_seconds(watchdog_s)
         self.step_cap = min(512, int(getattr(model, "prefill_chunk", 512)))   # Model's n_ubatch
         chunk = self.step_cap if prefill_chunk is None else int(prefill_chunk)
+        if chunk <= 0 or chunk > self.step_cap:
+            raise ValueError(f"prefill_chunk {chunk}: give 1 to {self.step_cap} tokens (the model's step)")
         if self.step_cap % GDN_CHUNK:
-            chunk = self.step_cap     # steps that are not whole GDN chunks: cut as the one call does
-        elif chunk <= 0 or chunk % GDN_CHUNK or chunk > self.step_cap:
-            raise ValueError(f"prefill_chunk {chunk}: give a multiple of {GDN_CHUNK} tokens (the GDN's chunk) up "
-                             f"to {self.step_cap} (the model's step), so that batched output stays bit-identical "
-                             f"to a request run alone")
+            chunk = self.step_cap     # STRATA_EVAL_CONTINUED needs whole GDN chunks per step: evaluate prompts whole
         self.prefill_chunk = chunk
         self.token_budget = chunk if token_budget is None else max(1, int(token_budget))
+        if itl_factor is not None and not itl_factor > 1:
+            raise ValueError(f"itl_factor {itl_factor}: give a factor > 1 (a step's time over a decode-only step's)")
+        self.itl_factor = itl_factor
+        self._t_decode = None      # s: the median native time of the last DECODE_WINDOW steps without prefill
+        self._decode_times: collections.deque = collections.deque(maxlen=DECODE_WINDOW)
+        self._t_token = None       # s: moving average of the time a prefill token adds to a step
         self.memory_bytes = memory_bytes
         self.max_seqs = self._fit_seqs(max_seqs)
         if max_queue is not None and max_queue < 0:
@@ -557,48 +570,73 @@ class Engine:
             # a verify window (KEEP_STATES) is one native call whatever its length
             whole = p.pos == 0 and (len(p.ids) <= GDN_CHUNK or p.flags & KEEP_STATES)
             (short if whole else long_).append(p)
-        batch = [(p, 0, len(p.ids), True) for p in short]
-        n = sum(len(p.ids) for p in short)
-        took = 0
-        for p in long_:
-            c = next_chunk(len(p.ids), p.pos, self.prefill_chunk, self.step_cap)
-            if took and n + c > self.token_budget:
+        batch = [(p, 0, len(p.ids), True, False) for p in short]
+        left = self.token_budget - sum(len(p.ids) for p in short)
+        floor = MIN_PIECE
+        if short and long_ and self.itl_factor:
+            # before the costs are known, a small piece: it is what teaches them
+            fit = int((self.itl_factor - 1.0) * self._t_decode / self._t_token) \
+                if self._t_decode and self._t_token else MIN_PIECE
+            left, floor = min(left, max(1, fit)), 1
+        for i, p in enumerate(long_):
+            want = min(self.prefill_chunk, left if i or left >= floor else floor)
+            if want <= 0:
                 break
-            batch.append((p, p.pos, p.pos + c, False))
-            n += c
-            took += 1
+            c, cont = next_chunk(len(p.ids), p.pos, want, self.step_cap)
+            batch.append((p, p.pos, p.pos + c, False, cont))
+            left -= c
         return batch
 
     def _step(self, batch) -> None:
         m = self.model
         items = []
         if self.step_log is not None:
-            self.step_log.append({"short": sum(1 for *_, sh in batch if sh),
-                                  "prefill_tokens": sum(b - a for _, a, b, sh in batch if not sh)})
-        for p, a, b, _ in batch:
+            self.step_log.append({"short": sum(1 for *_, sh, _ in batch if sh),
+                                  "prefill_tokens": sum(b - a for _, a, b, sh, _ in batch if not sh)})
+        for p, a, b, _, cont in batch:
             all_rows = bool(p.flags & 1)
             last = b == len(p.ids)
             out = p.out[a:b] if all_rows else (p.out if last else None)
             hid = p.hid[a:b] if p.hid is not None else None
-            items.append((p.sess, p.ids[a:b], p.flags, out, hid))
+            items.append((p.sess, p.ids[a:b], p.flags | (CONTINUED if cont else 0), out, hid))
         err = None
+        t0 = time.perf_counter()
         try:
             m.eval_batch(items)
         except StrataError as e:
             err = trace.as_watchdog(e)
         except BaseException as e:   # noqa: BLE001 (handed to the workers, which end their requests)
             err = e
+        dt = time.perf_counter() - t0
+        if err is None:
+            self._learn_costs(dt, batch)
+        if self.step_log is not None:
+            self.step_log[-1]["s"] = dt
         held = {p.sess: p.sess.state_bytes for p, *_ in batch}   # this thread ran their evals: no race
         with self._cv:
             self._held.update(held)
             self.counters["steps_total"] += 1
-            self.counters["step_tokens_total"] += sum(b - a for _, a, b, _ in batch)
-            for p, a, b, _ in batch:
+            self.counters["step_tokens_total"] += sum(b - a for _, a, b, *_ in batch)
+            for p, a, b, *_ in batch:
                 p.pos = b
                 if err is not None or b == len(p.ids):
                     p.error = err
                     self._pending.remove(p)
                     p.done.set()
+
+    def _learn_costs(self, dt: float, batch) -> None:
+        """The live costs itl_factor plans with: a decode-only step's native time (the median of the last
+        DECODE_WINDOW), and what each prefill token adds to it (a moving average, a fifth of each new step)."""
+        pre = sum(b - a for _, a, b, sh, _ in batch if not sh)
+        short = [b - a for _, a, b, sh, _ in batch if sh]
+        if not short or max(short) > self.mtp + 1:
+            return              # no decoders, or a short prompt among them: not what a decode step costs
+        if pre == 0:       # the median of the recent ones: a cold first step or a noisy one does not count
+            self._decode_times.append(dt)
+            self._t_decode = float(np.median(self._decode_times))
+        elif self._t_decode is not None:
+            per = max(dt - self._t_decode, 0.0) / pre
+            self._t_token = per if self._t_token is None else 0.8 * self._t_token + 0.2 * per
 
     # ------------------------------------------------------------------ a request's worker
     def _work(self, req: Request, sess) -> None:

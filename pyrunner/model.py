@@ -533,12 +533,15 @@ class Session:
             out.update(off)
         return out
 
-    def eval(self, token_ids, all_logits: bool = False, hidden: bool = False, keep_states: bool = False):
+    def eval(self, token_ids, all_logits: bool = False, hidden: bool = False, keep_states: bool = False,
+             continued: bool = False):
         """Runs token_ids after the tokens already seen. Returns the last position's logits
         (n_vocab,) float32, or (len(token_ids), n_vocab) with all_logits=True. hidden=True also
         returns the pre-mixer stream state of every token, (len(token_ids), n_hidden), as a second
         value (what the MTP head reads). keep_states=True makes this a verify window that
-        rollback() can cut short (at most set_spec_max() tokens)."""
+        rollback() can cut short (at most set_spec_max() tokens). continued=True: more tokens of
+        this evaluation follow in the next eval, which completes the GDN chunk this one leaves open,
+        so a prompt fed in pieces of any length gets the bits of one eval (STRATA_EVAL_CONTINUED)."""
         ptr = self._live()
         ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1))
         if ids.size == 0:
@@ -550,7 +553,8 @@ class Session:
         V = self.model.n_vocab
         out = np.empty((ids.size, V) if all_logits else (V,), dtype=np.float32)
         hid = np.empty((ids.size, self.model.n_hidden), dtype=np.float32) if hidden else None
-        flags = (lib.STRATA_EVAL_ALL_LOGITS if all_logits else 0) | (lib.STRATA_EVAL_KEEP_STATES if keep_states else 0)
+        flags = (lib.STRATA_EVAL_ALL_LOGITS if all_logits else 0) | (lib.STRATA_EVAL_KEEP_STATES if keep_states else 0) \
+            | (lib.STRATA_EVAL_CONTINUED if continued else 0)
         n0 = len(self.tokens)
         self._saved = [r for r in self._saved if len(r.tokens) <= n0]   # rows past n0 are rewritten
         try:

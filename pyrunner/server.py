@@ -68,6 +68,7 @@ log = logging.getLogger("uvicorn.error")
 MAX_BODY_BYTES = 32 << 20       # a request body larger than this is refused (413)
 MAX_LOGPROBS = 20               # alternatives per token at most (OpenAI: 5 for completions, 20 for chat)
 DEFAULT_GRACE_S = 10.0          # SIGTERM: how long in-flight requests may run on before they are cancelled
+DEFAULT_ITL_FACTOR = 2.0        # strata serve --itl-factor: decoders wait about 2 decode steps while a prompt prefills
 _MIN_LOGPROB = -9999.0          # a -inf logprob (a banned token) as JSON can carry it, as vLLM sends it
 
 
@@ -1249,14 +1250,18 @@ def _url(host: str, port: int) -> str:
 
 def serve(model, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           max_concurrent: int | None = None, max_queue: int | None = None, mtp=None, watchdog_s=None,
-          grace_s: float = DEFAULT_GRACE_S, echo: Callable[[str], None] = print) -> dict:
+          grace_s: float = DEFAULT_GRACE_S, itl_factor: float | None = DEFAULT_ITL_FACTOR,
+          echo: Callable[[str], None] = print) -> dict:
     """`strata serve`: an Engine over `model`, the app, uvicorn on host:port until SIGTERM / SIGINT. Prints
     the start line (`strata serve: http://HOST:PORT/v1 (model FILE, up to N concurrent, auth on|off)`), at
     the signal the requests in flight, and at the end which of them finished and which were cancelled
-    (those still running grace_s after the signal). Returns that {"finished", "cancelled"}."""
+    (those still running grace_s after the signal). itl_factor: the engine's (while requests decode, a
+    prompt's prefill pieces are sized so a step takes about that many decode-only steps; None: not).
+    Returns that {"finished", "cancelled"}."""
     from .engine import Engine
 
-    engine = Engine(model, max_seqs=max_concurrent, max_queue=max_queue, mtp=mtp, watchdog_s=watchdog_s)
+    engine = Engine(model, max_seqs=max_concurrent, max_queue=max_queue, mtp=mtp, watchdog_s=watchdog_s,
+                    itl_factor=itl_factor)
     app = create_app(engine, model, api_key=api_key, close_engine=True)
     api: StrataAPI = app.state.api
     slots = max_concurrent or getattr(engine, "max_seqs", None)

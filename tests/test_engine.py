@@ -216,24 +216,26 @@ def test_cancel_one_request_midway(tiny):
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(tiny):
-    """The budget: while a 900-token prompt is prefilled in 64-token chunks, every step also carries
-    the decoding request's token, and no step holds more prefill than one chunk (the last one may
-    carry the tail of fewer than 32 tokens, next_chunk)."""
+    """The budget: while a 900-token prompt is prefilled in pieces, every step also carries the decoding
+    request's token, and no step holds more than the budget of 64 tokens: 63 of prefill beside the
+    decode token; the output is still generate()'s (pieces of one eval keep its bits)."""
     m = _model(tiny, "cpu")
     with Engine(m, max_seqs=2, prefill_chunk=64, token_budget=64) as eng:
         eng.step_log = []
         dec = eng.submit(PROMPTS[0], SamplingParams(max_tokens=60, temperature=0))
         next(iter(dec))
         long_ids = list(np.random.default_rng(4).integers(0, m.n_vocab, 900))
-        big = eng.submit(long_ids, SamplingParams(max_tokens=1, temperature=0))
-        big.result(60)
+        big = eng.submit(long_ids, SamplingParams(max_tokens=4, temperature=0))
+        got = big.result(60)
         dec.result(60)
         log = eng.step_log
     chunks = [s for s in log if s["prefill_tokens"] > 0]
     assert len(chunks) >= 900 // 64
-    assert all(s["prefill_tokens"] <= 64 + 31 for s in log)     # a tail under 32 rides with a chunk
+    assert all(s["prefill_tokens"] + s["short"] <= 64 for s in log)
     both = [s for s in chunks if s["short"] > 0]
-    assert len(both) >= len(chunks) - 2      # the decode ran beside (nearly) every chunk
+    assert len(both) >= len(chunks) - 2      # the decode ran beside (nearly) every piece
+    assert sum(1 for s in both if s["prefill_tokens"] == 63) >= 10    # pieces that end inside GDN chunks
+    assert got.tokens == generate(m, long_ids, max_tokens=4, temperature=0).tokens
 
 
 def test_queue_bound_and_errors(tiny):
@@ -247,8 +249,8 @@ def test_queue_bound_and_errors(tiny):
         with pytest.raises(ValueError, match="context"):
             eng.submit(list(range(5)) * 300, SamplingParams(max_tokens=3))
         assert a.result(60).finish_reason == "length" and b.result(60).finish_reason == "length"
-    with pytest.raises(ValueError, match="multiple of 64"):
-        Engine(m, prefill_chunk=100)
+    with pytest.raises(ValueError, match="give 1 to 512 tokens"):
+        Engine(m, prefill_chunk=1000)
 
 
 def test_close_cancels_what_is_in_flight(tiny):
@@ -306,22 +308,57 @@ def test_state_grows_with_use(tiny):
     assert np.array_equal(a.eval([5]), b.eval([5]))
 
 
-@pytest.mark.parametrize("chunk", [64, 128, 192, 512])
+@pytest.mark.parametrize("chunk", [1, 16, 50, 64, 192, 512, "random"])
 def test_prefill_chunks_give_the_bits_of_one_eval(tiny, chunk):
-    """The engine's prefill steps (next_chunk) give the logits of one eval of the whole prompt, bit
-    for bit, at lengths whose tail is short, long, or a whole chunk."""
+    """The engine's prefill pieces (next_chunk, STRATA_EVAL_CONTINUED) give the logits of every row of
+    one eval of the whole prompt, bit for bit, at lengths whose last native step is short (the
+    recurrence), long, or whole chunks, and pieces of any size: those that end inside a GDN chunk
+    leave it open for the next."""
     from pyrunner.engine import next_chunk
     m = Model(tiny, threads=2, n_ctx=2048, kv_type="f32")
     rng = np.random.default_rng(6)
     for n in (40, 100, 520, 600, 700, 1100, 1030, 1024):
         ids = _ids(rng, m, n)
-        ref = m.session().eval(ids)
-        s, pos = m.session(), 0
+        one = m.session()
+        ref = one.eval(ids, all_logits=True)
+        s, pos, outs = m.session(), 0, []
         while pos < n:
-            c = next_chunk(n, pos, chunk, 512)
-            out = s.eval(ids[pos:pos + c])
+            want = int(rng.integers(1, 200)) if chunk == "random" else chunk
+            c, cont = next_chunk(n, pos, want, 512)
+            assert 1 <= c <= want
+            outs.append(s.eval(ids[pos:pos + c], all_logits=True, continued=cont))
             pos += c
-        assert np.array_equal(out, ref), (n, chunk)
+        assert np.array_equal(np.concatenate(outs), ref), (n, chunk)
+        assert np.array_equal(s.eval([3]), one.eval([3]))   # and the state after them
+
+
+def test_pieces_without_the_flag_differ_and_an_open_chunk_is_guarded(tiny):
+    """Without STRATA_EVAL_CONTINUED, pieces that end inside a GDN chunk give other bits (what the flag
+    is for); while a chunk is open, a checkpoint and a verify window are refused with a message, and
+    reset or restore drop it."""
+    m = Model(tiny, threads=2, n_ctx=1024, kv_type="f32")
+    ids = _ids(np.random.default_rng(8), m, 100)
+    ref = m.session().eval(ids)
+    s = m.session()
+    s.eval(ids[:40])
+    assert not np.array_equal(s.eval(ids[40:]), ref)
+    s = m.session()
+    ck0 = s.checkpoint()
+    s.eval(ids[:40], continued=True)
+    with pytest.raises(StrataError, match="left a GDN chunk open"):
+        s.checkpoint()
+    s.set_spec_max(4)
+    with pytest.raises(StrataError, match="left a GDN chunk open"):
+        s.eval(ids[40:42], keep_states=True)
+    with pytest.raises(StrataError, match="KEEP_STATES"):
+        m.session().eval(ids[:4], keep_states=True, continued=True)
+    assert np.array_equal(s.eval(ids[40:]), ref)      # the refusals left the open chunk as it was
+    s.eval(ids[:50], continued=True)
+    s.restore(ck0)
+    assert np.array_equal(s.eval(ids), ref)
+    s.eval(ids[:50], continued=True)
+    s.reset()
+    assert np.array_equal(s.eval(ids), ref)
 
 
 def test_many_short_sequences_fit_where_long_ones_queue(tiny):

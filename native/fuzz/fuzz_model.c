@@ -6,7 +6,8 @@
  * tensor tables. A model that loads is run: a session of a small context evaluates a few token
  * ids taken from the input (in and out of the vocabulary), with all logits, twice (prefill, then
  * a continuation), then reset and once more; then a verify window (per-token states, hidden rows), a
- * rollback into it, the MTP head when the file has one, and a checkpoint restored. A rejected input must fail with a message; nothing
+ * rollback into it, the MTP head when the file has one, and a checkpoint restored; then a prompt in
+ * pieces (STRATA_EVAL_CONTINUED: a GDN chunk left open, a checkpoint refused while it is, then closed). A rejected input must fail with a message; nothing
  * may crash, leak or touch memory outside what the model owns (ASan + UBSan).
  * Seeds: tiny models from tests/test_fuzz.py (a micro preset of tools/make_model.py).
  */
@@ -28,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     strata_model_params p = strata_model_default_params();
     p.n_threads = 1;
     p.n_ctx = 24;
-    p.n_ubatch = 5;
+    p.n_ubatch = size % 4 == 3 ? 64 : 5;   /* 64: prompts in pieces (STRATA_EVAL_CONTINUED) are allowed */
     p.kv_type = (int32_t)(size % 3);
     strata_model *m;
     if (mdl_model_open(g, &p, &m) != STRATA_OK) {
@@ -74,6 +75,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 (void)strata_session_eval(s, ids + 5, 2, 0, logits, cap);
             }
             strata_checkpoint_free(ck);
+            /* a prompt in two pieces: the flag is refused unless n_ubatch is whole GDN chunks */
+            strata_session_reset(s);
+            const strata_status rc = strata_session_eval_ex(s, ids, 3, STRATA_EVAL_CONTINUED, logits, cap, NULL, 0);
+            if (p.n_ubatch % 64) {
+                require(rc == STRATA_ERR_INVALID_ARG);
+            } else if (rc == STRATA_OK) {
+                strata_checkpoint *open = NULL;
+                const strata_status crc = strata_session_checkpoint(s, &open);
+                require(crc == STRATA_OK || crc == STRATA_ERR_INVALID_ARG);   /* refused when a GDN chunk is open */
+                strata_checkpoint_free(open);
+                (void)strata_session_eval_ex(s, ids + 3, 4, STRATA_EVAL_ALL_LOGITS, logits, cap, NULL, 0);
+            }
             free(hidden);
             free(logits);
         }

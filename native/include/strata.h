@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 6
+#define STRATA_ABI_VERSION 7
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -497,9 +497,22 @@ strata_status strata_session_eval(strata_session *s, const int32_t *ids, int64_t
  * checkpoints and the MTP head (DESIGN §5; spec/qwen4exp-mtp.md) */
 typedef enum strata_eval_flags {
     STRATA_EVAL_ALL_LOGITS = 1,   /* logits of every token (else of the last) */
-    STRATA_EVAL_KEEP_STATES = 2   /* keep the state after each token (a verify window; at most the
+    STRATA_EVAL_KEEP_STATES = 2,  /* keep the state after each token (a verify window; at most the
                                      session's spec_max tokens) so strata_session_rollback can
                                      return to any of them without running the model again */
+    STRATA_EVAL_CONTINUED = 4     /* more tokens of this evaluation follow in the session's next eval:
+                                     a prompt fed in pieces of any length (a scheduler's prefill chunks)
+                                     gets the bits of one eval over all of them. The GDN's chunked form
+                                     solves 64-token chunks from where an eval starts; this flag leaves
+                                     the partial chunk at the piece's end open (its rows kept, the state
+                                     at the chunk's start) and the next eval completes it; that eval
+                                     runs the chunked form whatever its length. Exact when the one eval
+                                     would run the chunked form in every step (each of its n_ubatch
+                                     steps >= 32 tokens: a caller feeds a shorter last step as evals of
+                                     its own, without the flag, after a piece that ends on the step).
+                                     Needs n_ubatch a multiple of 64; not with KEEP_STATES. While a
+                                     chunk is open, checkpoints and verify windows are refused; reset
+                                     and restore drop it. */
 } strata_eval_flags;
 /* strata_session_eval with flags and, optionally, the pre-mixer stream state of every token:
  * hidden (NULL: none) receives n_ids x n_hidden floats, the residual streams after the last

@@ -13,6 +13,14 @@
  *     recurrence is solved as a unit-lower-triangular system, so the work becomes small dense
  *     products that use the caches and vector units better than a per-token state sweep.
  * Heads are independent: tasks on the pool are value heads.
+ *
+ * An open chunk (STRATA_EVAL_CONTINUED, strata.h): a prompt evaluated in pieces that do not end on
+ * 64-token chunk boundaries gives the bits of one evaluation when the partial chunk at a piece's end is
+ * left open: its rows (normalised q, k, v, β, g) are kept in the layer state and the recurrent state
+ * stays at the chunk's start; the next piece runs them again in front of its own rows, so the chunk is
+ * solved as one unit. Within a chunk, row i's outputs read rows <= i only (the triangular solve, the
+ * running sum of g, the masked products), so the kept rows' outputs are not needed again and are
+ * skipped; only the state update at the chunk's end reads every row.
  */
 #include "model.h"
 
@@ -32,9 +40,13 @@ typedef struct {
     const float *cv;      /* L x conv_dim, conv output (v at offset 2*Gk*dk) */
     const float *beta, *g;/* L x Gv */
     float *o;             /* L x Gv*dv */
-    int64_t L;
+    int64_t L;            /* rows: the open chunk's kept rows (skip), then the new ones */
+    int64_t skip;         /* leading rows whose outputs were given before: o row = row - skip */
     int chunked;
+    int open;             /* leave a partial last chunk open: no state update at its end */
+    int nomem;            /* set (atomically) by a head that found no memory for the chunked form */
     float *S_slots;       /* KEEP_STATES window: L x [Gv][dk][dv], the state after each token; else NULL */
+    float *heads;         /* the open chunk's per-head rows (gdn_open_head_row each), or NULL */
 } gdn_job;
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -87,6 +99,7 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
     float *U = A + C * C;            /* C x dv */
     float *Wk = U + C * dv;          /* C x dk */
     float *gam = Wk + C * dk;        /* C */
+    float *Vp = gam + C;             /* C x dv: V' */
     float wt[GDN_CHUNK];             /* per-row weights of the current sweep */
     /* The products below are written as sweeps over a block of output elements that stays in
      * vector registers (8 vectors of 8 floats: eight independent add chains, enough to hide the
@@ -176,20 +189,32 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
                         ((l_[t_][1] + l_[t_][5]) + (l_[t_][3] + l_[t_][7]));                     \
         }                                                                                        \
     } while (0)
+    /* the open chunk's rows of this head, row r at hc + r * HR: U_r (before V'), W_r, V'_r, γ_r */
+    const int64_t HR = gdn_open_head_row(hp);
+    float *hc = J->heads ? J->heads + h * (GDN_CHUNK - 1) * HR : NULL;
     for (int64_t c0 = 0; c0 < J->L; c0 += C) {
         const int64_t n = J->L - c0 < C ? J->L - c0 : C;
-        float acc = 0.0f;
-        for (int64_t i = 0; i < n; i++) { acc += J->g[(c0 + i) * Gv + h]; gam[i] = acc; }
+        /* rows [0, p0) of this chunk were solved by an earlier eval (the open chunk): theirs are cached */
+        const int64_t p0 = c0 == 0 ? J->skip : 0;
+        for (int64_t i = 0; i < p0; i++) {
+            const float *r = hc + i * HR;
+            memcpy(U + i * dv, r, (size_t)dv * sizeof(float));
+            memcpy(Wk + i * dk, r + dv, (size_t)dk * sizeof(float));
+            memcpy(Vp + i * dv, r + dv + dk, (size_t)dv * sizeof(float));
+            gam[i] = r[2 * dv + dk];
+        }
+        float acc = p0 ? gam[p0 - 1] : 0.0f;
+        for (int64_t i = p0; i < n; i++) { acc += J->g[(c0 + i) * Gv + h]; gam[i] = acc; }
 #define KROW(i) (J->kn + ((c0 + (i)) * Gk + kh) * dk)
 #define QROW(i) (J->qn + ((c0 + (i)) * Gk + kh) * dk)
 #define VROW(i) (J->cv + (c0 + (i)) * CD + 2 * Gk * dk + h * dv)
 #define BETA(i) (J->beta[(c0 + (i)) * Gv + h])
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = p0; i < n; i++) {
             for (int64_t j = 0; j < i; j += 4) GDN_DOTS(KROW(i), KROW, j, i - j < 4 ? i - j : 4, wt + j);
             for (int64_t j = 0; j < i; j++) A[i * C + j] = BETA(i) * wt[j] * expf(gam[i] - gam[j]);
         }
         /* forward substitution: U_i = β_i v_i − Σ_{j<i} A_ij U_j; W_i = β_i e^{γ_i} k_i − Σ A_ij W_j */
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = p0; i < n; i++) {
             float *Ui = U + i * dv, *Wi = Wk + i * dk;
             const float *vi = VROW(i), *ki = KROW(i);
             const float b = BETA(i), be = b * expf(gam[i]);
@@ -205,17 +230,19 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #define STORE_W_S(j, v) (Wi[j] = (v))
             GDN_SWEEP(dk, INIT_W, i, Ai[r_], Wk + r_ * dk, -, STORE_W);
         }
-        /* V' = U − W S (in place in U) */
-        for (int64_t i = 0; i < n; i++) {
-            float *Ui = U + i * dv;
-            const float *Wi = Wk + i * dk;
+        /* V' = U − W S */
+        for (int64_t i = p0; i < n; i++) {
+            const float *Ui = U + i * dv, *Wi = Wk + i * dk;
+            float *Vi = Vp + i * dv;
 #define INIT_V (LD(Ui + j_))
 #define INIT_V_S (Ui[j_])
-            GDN_SWEEP(dv, INIT_V, dk, Wi[r_], S + r_ * dv, -, STORE_U);
+#define STORE_V(j, v) ST(Vi + (j), v)
+#define STORE_V_S(j, v) (Vi[j] = (v))
+            GDN_SWEEP(dv, INIT_V, dk, Wi[r_], S + r_ * dv, -, STORE_V);
         }
         /* O_i = e^{γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{γ_i−γ_j} V'_j */
-        for (int64_t i = 0; i < n; i++) {
-            float *o = J->o + (c0 + i) * Gv * dv + h * dv;
+        for (int64_t i = p0; i < n; i++) {
+            float *o = J->o + (c0 + i - J->skip) * Gv * dv + h * dv;
             const float *qi = QROW(i);
             const float eg = expf(gam[i]);
             for (int64_t jj = 0; jj <= i; jj += 4) GDN_DOTS(qi, KROW, jj, i + 1 - jj < 4 ? i + 1 - jj : 4, wt + jj);
@@ -228,7 +255,17 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
             GDN_SWEEP(dv, INIT_Z, dk, qi[r_] * eg, S + r_ * dv, +, STORE_O);
 #define INIT_O (LD(o + j_))
 #define INIT_O_S (o[j_])
-            GDN_SWEEP(dv, INIT_O, i + 1, wt[r_], U + r_ * dv, +, STORE_O);
+            GDN_SWEEP(dv, INIT_O, i + 1, wt[r_], Vp + r_ * dv, +, STORE_O);
+        }
+        if (J->open && n < C) {   /* the last chunk stays open: the next eval completes it from its rows */
+            for (int64_t i = p0; i < n; i++) {
+                float *r = hc + i * HR;
+                memcpy(r, U + i * dv, (size_t)dv * sizeof(float));
+                memcpy(r + dv, Wk + i * dk, (size_t)dk * sizeof(float));
+                memcpy(r + dv + dk, Vp + i * dv, (size_t)dv * sizeof(float));
+                r[2 * dv + dk] = gam[i];
+            }
+            break;
         }
         /* S ← e^{γ_n} S + Σ_i e^{γ_n−γ_i} k_i V'_iᵀ: per row e of S, the scaling then the terms
          * in order of i */
@@ -240,7 +277,7 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #define INIT_S_S (Se[j_] * egl)
 #define STORE_S(j, v) ST(Se + (j), v)
 #define STORE_S_S(j, v) (Se[j] = (v))
-            GDN_SWEEP(dv, INIT_S, n, KROW(r_)[e] * wt[r_], U + r_ * dv, +, STORE_S);
+            GDN_SWEEP(dv, INIT_S, n, KROW(r_)[e] * wt[r_], Vp + r_ * dv, +, STORE_S);
         }
 #undef KROW
 #undef QROW
@@ -264,6 +301,8 @@ static void head_chunked(const gdn_job *J, int h, float *S, float *work) {
 #undef STORE_W_S
 #undef INIT_V
 #undef INIT_V_S
+#undef STORE_V
+#undef STORE_V_S
 #undef INIT_Z
 #undef INIT_Z_S
 #undef STORE_O
@@ -284,10 +323,14 @@ static void head_task(void *arg, int64_t h, int thread) {
     float *S = J->S + h * dk * dv;
     if (J->chunked) {
         const int64_t C = GDN_CHUNK;
-        float *work = malloc((size_t)(C * C + C * dv + C * dk + C) * sizeof(float));
+        float *work = malloc((size_t)(C * C + 2 * C * dv + C * dk + C) * sizeof(float));
         if (work) {
             head_chunked(J, (int)h, S, work);
             free(work);
+            return;
+        }
+        if (J->skip || J->open) {   /* kept rows exist only in the chunked form: no way round it */
+            __atomic_store_n(&((gdn_job *)J)->nomem, 1, __ATOMIC_RELAXED);
             return;
         }
     }
@@ -315,17 +358,29 @@ static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t
     mdl_layer_state *st = &s->ls[il];
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv, Kc = hp->ssm_kc;
     const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD;
+    const int keep = mdl_spec_active(s);
+    const int64_t p = st->n_open, N = p + L;   /* the open chunk's kept rows, then the L new ones */
+    const int chunked = !keep && (p > 0 || L >= GDN_CHUNK_MIN_TOKENS || s->gdn_leave_open || s->gdn_continues);
+    const int open = chunked && s->gdn_leave_open && N % GDN_CHUNK;
+    if (open && !st->open) {
+        st->open = malloc((size_t)gdn_open_floats(hp) * sizeof(float));
+        if (!st->open) return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for an open chunk", il);
+    }
     float *qkv = g->qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
-    float *cv = g->cv = malloc((size_t)(L * CD) * sizeof(float));
-    float *ba = g->ba = malloc((size_t)(L * Gv * 2) * sizeof(float));
-    float *qn = g->qn = malloc((size_t)(L * KD * 2) * sizeof(float));
-    if (!qkv || !cv || !ba || !qn) {
+    float *cvall = g->cv = malloc((size_t)(N * CD) * sizeof(float));
+    float *baall = g->ba = malloc((size_t)(N * Gv * 2) * sizeof(float));
+    float *qnall = g->qn = malloc((size_t)(N * KD * 2) * sizeof(float));
+    if (!qkv || !cvall || !baall || !qnall) {
         gdn_seq_free(g);
         return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
     }
+    /* the kept rows in front: of them only k is read here (the heads' rows are cached, gdn_job.heads);
+     * the new rows' from row p on */
+    if (p) memcpy(qnall + N * KD, st->open, (size_t)(p * KD) * sizeof(float));
+    float *cv = cvall + p * CD, *qn = qnall + p * KD;
     /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
     memcpy(qkv, st->conv, (size_t)((Kc - 1) * CD) * sizeof(float));
-    float *b = ba, *a = ba + L * Gv;
+    float *b = baall + p * Gv, *a = baall + N * Gv + p * Gv;
     for (int64_t t = 0; t < L; t++) {
         const float *pt = P + t * ld;
         memcpy(qkv + (Kc - 1 + t) * CD, pt, (size_t)CD * sizeof(float));
@@ -341,12 +396,11 @@ static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t
             cv[t * CD + ch] = mdl_silu(acc);
         }
     memcpy(st->conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
-    const int keep = mdl_spec_active(s);
     if (keep)   /* a verify window: the conv window after each token, for rollback (spec.c) */
         for (int64_t t = 0; t < L; t++)
             memcpy(st->conv_slots + t * (Kc - 1) * CD, qkv + (t + 1) * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
     /* q, k: l2norm per key head (eps 1e-6 on the sum), q also × dk^-½ */
-    float *kn = qn + L * KD;
+    float *kn = qnall + N * KD + p * KD;
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int64_t t = 0; t < L; t++)
         for (int64_t hk = 0; hk < Gk; hk++) {
@@ -363,9 +417,21 @@ static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t
             b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
             a[t * Gv + h] = l->ssm_a[h] * softplus(a[t * Gv + h] + l->ssm_dt_bias[h]);
         }
-    g->J = (gdn_job){.m = m, .l = l, .S = st->S, .qn = qn, .kn = kn, .cv = cv, .beta = b, .g = a, .o = o, .L = L,
-                     .chunked = !keep && L >= GDN_CHUNK_MIN_TOKENS, .S_slots = keep ? st->S_slots : NULL};
+    g->J = (gdn_job){.m = m, .l = l, .S = st->S, .qn = qnall, .kn = qnall + N * KD, .cv = cvall, .beta = baall,
+                     .g = baall + N * Gv, .o = o, .L = N, .skip = p, .chunked = chunked, .open = open,
+                     .S_slots = keep ? st->S_slots : NULL,
+                     .heads = st->open ? st->open + (GDN_CHUNK - 1) * KD : NULL};
     return STRATA_OK;
+}
+
+/* After the heads ran: the k rows of a chunk left open are kept for the next eval (or none are). */
+static void gdn_keep_open(const gdn_seq *g, mdl_layer_state *st) {
+    const gdn_job *J = &g->J;
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t KD = (int64_t)hp->ssm_gk * hp->ssm_dk;
+    const int64_t r = J->open ? J->L % GDN_CHUNK : 0, t0 = J->L - r;
+    if (r) memcpy(st->open, J->kn + t0 * KD, (size_t)(r * KD) * sizeof(float));   /* the heads wrote theirs */
+    st->n_open = r;
 }
 
 /* After the heads ran: the gated RMS norm of the sequence's head outputs. */
@@ -374,7 +440,7 @@ static void gdn_post(const gdn_seq *g, const float *P, int64_t ld) {
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = g->J.l;
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
-    const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, L = g->J.L;
+    const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, L = g->J.L - g->J.skip;
     float *o = g->J.o;
     /* gated RMS norm per value head: rms(o) · w · act(z) */
     for (int64_t t = 0; t < L; t++)
@@ -430,9 +496,13 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
     }
     if (rc) prepared--;               /* the failed one freed its own buffers */
     if (!rc) rc = mdl_pool_run_multi(m->pool, head_task, args, counts, n);
+    for (int i = 0; i < n && !rc; i++)
+        if (__atomic_load_n(&G[i].J.nomem, __ATOMIC_RELAXED))
+            rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for the chunked form of an open chunk", il);
     r0 = 0;
     for (int i = 0; i < n && !rc; i++) {
         gdn_post(&G[i], P + r0 * ld, ld);
+        gdn_keep_open(&G[i], &ss[i]->ls[il]);
         r0 += Ls[i];
     }
     if (!rc) rc = mdl_matmul(m, &l->ssm_out, 0, o, R, y);

@@ -330,6 +330,17 @@ static strata_status check_eval(const strata_batch_seq *e, int entry) {
         return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "%seval: the hidden buffer holds %llu floats, %llu needed",
                            at, (unsigned long long)e->hidden_capacity,
                            (unsigned long long)((uint64_t)n_ids * (uint64_t)W));
+    if (e->flags & STRATA_EVAL_CONTINUED) {
+        if (keep)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: STRATA_EVAL_CONTINUED with KEEP_STATES: a verify window "
+                               "is one eval", at);
+        if (m->params.n_ubatch % 64)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: STRATA_EVAL_CONTINUED needs n_ubatch a multiple of 64 "
+                               "(the GDN's chunk); the model was loaded with n_ubatch %d", at, (int)m->params.n_ubatch);
+    }
+    if (keep && mdl_gdn_open_rows(s))
+        return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: a verify window while the last eval (STRATA_EVAL_CONTINUED) "
+                           "left a GDN chunk open; finish that evaluation first", at);
     if (keep && n_ids > s->spec_max)
         return strata_fail(STRATA_ERR_INVALID_ARG, "%seval: a verify window of %lld tokens, but the session keeps "
                            "states for %d (strata_session_set_spec_max)", at, (long long)n_ids, s->spec_max);
@@ -383,6 +394,7 @@ static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
             if (e->logits && all) { f->out = e->logits + i0 * V; f->row0 = 0; }
             else if (e->logits && last) { f->out = e->logits; f->row0 = L - 1; }
             r += L;
+            f->s->gdn_leave_open = !last || (e->flags & STRATA_EVAL_CONTINUED);
             /* the rows from n_past on are rewritten: only the new ids stand behind them */
             memcpy(f->s->tokens + f->s->n_past, f->ids, (size_t)L * sizeof(int32_t));
             f->s->n_valid = f->s->n_past;
@@ -395,8 +407,13 @@ static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
         rc = n > 1 ? forward(q, nq, buf, buf + r * W, buf + r * (W + E), buf + r * (W + 2 * E))
                    : forward(q, nq, s0->X, s0->u, s0->y, s0->c);
         if (rc) break;
-        for (int i = 0; i < nq; i++) q[i].s->n_valid = q[i].s->n_past;
+        for (int i = 0; i < nq; i++) {
+            q[i].s->n_valid = q[i].s->n_past;
+            q[i].s->gdn_continues = 0;   /* the eval's later steps run as its first did (gdn.c) */
+        }
     }
+    for (int32_t i = 0; i < n && !rc; i++)
+        if (seqs[i].n_ids) seqs[i].session->gdn_continues = (seqs[i].flags & STRATA_EVAL_CONTINUED) != 0;
     wd_eval_end();
 done:
     for (int32_t i = 0; i < n; i++) {

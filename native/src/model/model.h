@@ -163,6 +163,8 @@ typedef struct {
     int64_t n_blk;             /* summaries computed so far */
     float *S_slots;            /* GDN, KEEP_STATES windows: spec_max x S, the state after each token */
     float *conv_slots;         /* GDN: spec_max x conv, likewise */
+    float *open;               /* GDN: an open chunk's rows (gdn_open_floats), or NULL */
+    int64_t n_open;            /* GDN: rows held in open: the open chunk's rows so far (0: none open) */
 } mdl_layer_state;
 
 struct strata_session {
@@ -182,6 +184,8 @@ struct strata_session {
     int64_t spec_start;        /* n_past before that eval; -1: no window to roll back into */
     int64_t spec_n;            /* its tokens */
     int spec_on;               /* set during that eval: the blocks fill the slots */
+    int gdn_leave_open;        /* set during a step that more tokens of one evaluation follow (gdn.c) */
+    int gdn_continues;         /* the last eval had STRATA_EVAL_CONTINUED: the next runs the chunked form */
     float *ple_conv_slots;     /* spec_max x PLE conv history */
     int32_t *ple_ctx_slots;    /* spec_max x MDL_MAX_NGRAM ids */
     /* the MTP block's cache is ls[hp.n_layer] (a QSA layer state) */
@@ -274,6 +278,15 @@ void mdl_offload_close(strata_model *m);
 
 /* spec.c: the state after token t of a KEEP_STATES window goes to slot t */
 static inline int mdl_spec_active(const strata_session *s) { return s->spec_on; }
+
+/* An open GDN chunk (STRATA_EVAL_CONTINUED), up to 63 rows: their normalised k ([63][Gk*dk]), then per
+ * value head [63] rows of U (before V'), W, V' and the running sum of g (gdn_open_head_row floats). */
+static inline int64_t gdn_open_head_row(const mdl_hparams *h) { return 3 * (int64_t)h->ssm_dk + 1; }
+static inline int64_t gdn_open_floats(const mdl_hparams *h) {
+    return 63 * ((int64_t)h->ssm_gk * h->ssm_dk + (int64_t)h->ssm_gv * gdn_open_head_row(h));
+}
+/* Rows of the session's open GDN chunk (every GDN layer holds as many); 0 when none is open. */
+int64_t mdl_gdn_open_rows(const strata_session *s);
 void mdl_spec_release(strata_session *s);
 
 /* state.c */

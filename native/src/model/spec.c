@@ -137,6 +137,10 @@ struct strata_checkpoint {
 
 strata_status strata_session_checkpoint(strata_session *s, strata_checkpoint **out) {
     if (!s || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_checkpoint: null argument");
+    if (mdl_gdn_open_rows(s))
+        return strata_fail(STRATA_ERR_INVALID_ARG, "checkpoint: the last eval (STRATA_EVAL_CONTINUED) left a GDN chunk "
+                           "open at %lld tokens; finish the evaluation (an eval without the flag) first",
+                           (long long)s->n_past);
     const strata_model *m = s->m;
     const mdl_hparams *h = &m->hp;
     size_t n_gdn = 0;
@@ -194,6 +198,8 @@ strata_status strata_session_restore(strata_session *s, const strata_checkpoint 
         memcpy(s->ple_ctx, c->ple_ctx, sizeof c->ple_ctx);
     }
     trim_blocks(s, c->n_past);
+    for (int il = 0; il < s->n_ls; il++) s->ls[il].n_open = 0;
+    s->gdn_continues = 0;
     s->n_past = c->n_past;
     s->spec_start = -1;
     return STRATA_OK;

@@ -87,7 +87,17 @@ nomem:
 }
 
 uint64_t strata_session_state_bytes(const strata_session *s) {
-    return s ? mdl_state_bytes(s->m, s->cap_tokens) : 0;
+    if (!s) return 0;
+    uint64_t open = 0;   /* the open-chunk rows of the layers that have held one */
+    for (int il = 0; il < s->n_ls; il++)
+        if (s->ls[il].open) open += (uint64_t)gdn_open_floats(&s->m->hp) * sizeof(float);
+    return mdl_state_bytes(s->m, s->cap_tokens) + open;
+}
+
+int64_t mdl_gdn_open_rows(const strata_session *s) {
+    for (int il = 0; il < s->n_ls; il++)
+        if (s->ls[il].n_open) return s->ls[il].n_open;
+    return 0;
 }
 
 strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
@@ -135,6 +145,7 @@ void mdl_session_release(strata_session *s) {
     for (int il = 0; s->ls && il < s->n_ls; il++) {
         mdl_layer_state *st = &s->ls[il];
         free(st->conv); free(st->S); free(st->k); free(st->v); free(st->kv_scale); free(st->idx_k); free(st->blk);
+        free(st->open);
         memset(st, 0, sizeof *st);
     }
     free(s->ls);
@@ -152,6 +163,7 @@ void mdl_session_clear(strata_session *s) {
     const mdl_hparams *h = &m->hp;
     for (int il = 0; il < h->n_layer + h->n_mtp; il++) {
         mdl_layer_state *st = &s->ls[il];
+        st->n_open = 0;
         if (m->layers[il].is_qsa) {
             st->n_blk = 0;
         } else {
@@ -166,4 +178,5 @@ void mdl_session_clear(strata_session *s) {
     }
     s->n_past = 0;
     s->spec_start = -1;
+    s->gdn_continues = 0;
 }

@@ -563,10 +563,13 @@ class Engine:
         self._pending = keep
 
     def _plan(self) -> list:
-        """This step's (pending, start, end) chunks: every short evaluation, then prefill chunks in
-        arrival order while the budget lasts (at least one)."""
+        return self._plan_for(self._pending)
+
+    def _plan_for(self, pending) -> list:
+        """This step's (pending, start, end, short, continued) pieces: every short evaluation, then prefill
+        pieces in arrival order from what is left of the budget (at least one piece)."""
         short, long_ = [], []
-        for p in self._pending:
+        for p in pending:
             # a verify window (KEEP_STATES) is one native call whatever its length
             whole = p.pos == 0 and (len(p.ids) <= GDN_CHUNK or p.flags & KEEP_STATES)
             (short if whole else long_).append(p)

@@ -409,3 +409,46 @@ def test_bench_serve_measures_every_row(tiny):
     assert 0 < d4["expert_bytes_per_token"] <= d1["expert_bytes_per_token"]
     assert rows[(4, "mixed")]["itl_ms_p99_during_prefill"] >= 0 and d4["vs_single"] > 0
     assert res["batch"]["same_tokens"] is True and res["batch"]["ratio"] > 0
+
+
+def test_itl_factor_sizes_prefill_pieces_from_live_costs(tiny):
+    """itl_factor: the planner gives a long prompt (X - 1) x decode-step / per-token-cost tokens while a
+    request decodes (the costs as _learn_costs measured them), the whole budget when none decodes, and
+    learns the costs from the steps it runs: decode-only steps set the decode cost, mixed ones the
+    per-token cost; a step holding a short prompt teaches nothing. The output stays generate()'s."""
+    from pyrunner.engine import _Pending
+
+    m = _model(tiny, "cpu")
+    with Engine(m, max_seqs=2, itl_factor=3.0) as eng:
+        dec = _Pending(None, None, np.zeros(1, np.int32), 0, None, None)
+        big = _Pending(None, None, np.zeros(900, np.int32), 0, None, None)
+        eng._t_decode, eng._t_token = None, None
+        assert [b - a for _, a, b, *_ in eng._plan_for([dec, big])] == [1, 16]    # costs unknown: a small piece
+        eng._t_decode, eng._t_token = 0.010, 0.001
+        assert [b - a for _, a, b, *_ in eng._plan_for([dec, big])] == [1, 20]    # (3 - 1) x 10 ms / 1 ms
+        assert [b - a for _, a, b, *_ in eng._plan_for([big])] == [512]           # nobody decodes: whole steps
+        eng._t_decode, eng._t_token = None, None
+        eng._decode_times.clear()
+        for dt in (0.004, 0.006, 0.005):
+            eng._learn_costs(dt, [(dec, 0, 1, True, False)])
+        assert eng._t_decode == pytest.approx(0.005)
+        eng._learn_costs(0.025, [(dec, 0, 1, True, False), (big, 0, 10, False, True)])
+        assert eng._t_token == pytest.approx(0.002)
+        eng._learn_costs(0.5, [(_Pending(None, None, np.zeros(16, np.int32), 0, None, None), 0, 16, True, False)])
+        assert eng._t_decode == pytest.approx(0.005)                             # a short prompt: not a decode step
+        eng._t_decode = eng._t_token = None
+        eng._decode_times.clear()
+        eng.step_log = []
+        d = eng.submit(PROMPTS[0], SamplingParams(max_tokens=80, temperature=0))
+        it = iter(d)
+        for _ in range(20):
+            next(it)
+        long_ids = list(np.random.default_rng(9).integers(0, m.n_vocab, 700))
+        got = eng.submit(long_ids, SamplingParams(max_tokens=3, temperature=0)).result(60)
+        d.result(60)
+        assert eng._t_decode > 0 and eng._t_token > 0
+        mixed = [s for s in eng.step_log if s["prefill_tokens"] and s["short"]]
+        assert mixed and max(s["prefill_tokens"] for s in mixed) < 512
+    assert got.tokens == generate(m, long_ids, max_tokens=3, temperature=0).tokens
+    with pytest.raises(ValueError, match="factor > 1"):
+        Engine(m, itl_factor=1.0)

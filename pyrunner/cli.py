@@ -439,7 +439,12 @@ def _engine_options(f):
         click.option("--trace-routing", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write every MoE layer's routing as JSON lines (replay with `strata cache-sim`)."),
         click.option("--prefill-chunk", type=int, default=None, help="Prefill chunk, tokens [default: 8192]."),
-        click.option("--mtp", type=int, default=None, help="Tokens drafted per step by the MTP head (0 = off)."),
+        click.option("--mtp", type=str, default=None, callback=_mtp_flag,
+                     help="Tokens drafted per verify window by the MTP head: a count (0 = off) or 'auto', chosen "
+                          "window by window from measured costs and acceptance [default: auto when the model has "
+                          "an MTP head]."),
+        click.option("--mtp-max", type=click.IntRange(min=1), default=None,
+                     help="The most drafts --mtp auto tries per window [default: 3]."),
         click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
@@ -484,8 +489,20 @@ def _llama_cpp_only(why: str):
     return refuse
 
 
-_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "ple_mode",
-           "sim_link_gbps", "repack")
+_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
+           "ple_mode", "sim_link_gbps", "repack")
+
+
+def _mtp_flag(ctx, param, value):
+    """--mtp: 'auto' or a draft count >= 0."""
+    if value is None:
+        return None
+    from .mtp import parse_mtp
+
+    try:
+        return parse_mtp(value, "--mtp")
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _with_env(cmd: click.Command) -> click.Command:

@@ -52,6 +52,7 @@ import numpy as np
 from . import trace
 from ._native import StrataError
 from .generate import Completion, _check_fits, _loop, end_of_generation_ids, prompt_ids
+from .mtp import AUTO, parse_mtp
 from .sampling import Sampler, SamplingParams
 
 MAX_SEQS_DEFAULT = 16
@@ -294,9 +295,7 @@ class Engine:
         decode, size the prefill pieces so a step takes about this many times a decode-only step (live
         costs, module docstring; > 1; None: the budget alone)."""
         self.model = model
-        self.mtp = getattr(model, "mtp", 0) if mtp is None else int(mtp)
-        if self.mtp < 0:
-            raise ValueError(f"mtp must be >= 0 (got {self.mtp})")
+        self.mtp = parse_mtp(getattr(model, "mtp", 0) if mtp is None else mtp)
         self.watchdog_s = trace.watchdog_seconds(watchdog_s)
         self.step_cap = min(512, int(getattr(model, "prefill_chunk", 512)))   # Model's n_ubatch
         chunk = self.step_cap if prefill_chunk is None else int(prefill_chunk)
@@ -393,7 +392,7 @@ class Engine:
             raise ValueError(f"logprobs {logprobs}: give 0..20 alternatives")
         ids = prompt_ids(self.model, prompt, add_special)
         _check_fits(self.model, ids)
-        k = self.mtp if mtp is None else int(mtp)
+        k = self.mtp if mtp is None else parse_mtp(mtp)
         if logprobs is not None:
             k = 0            # one sampled token per logits row: what the logprobs report
         with self._cv:
@@ -632,7 +631,8 @@ class Engine:
         DECODE_WINDOW), and what each prefill token adds to it (a moving average, a fifth of each new step)."""
         pre = sum(b - a for _, a, b, sh, _ in batch if not sh)
         short = [b - a for _, a, b, sh, _ in batch if sh]
-        if not short or max(short) > self.mtp + 1:
+        window = getattr(self.model, "mtp_max", 3) if self.mtp == AUTO else self.mtp
+        if not short or max(short) > window + 1:
             return              # no decoders, or a short prompt among them: not what a decode step costs
         if pre == 0:       # the median of the recent ones: a cold first step or a noisy one does not count
             self._decode_times.append(dt)

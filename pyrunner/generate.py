@@ -75,7 +75,7 @@ import numpy as np
 
 from . import trace
 from ._native import StrataError
-from .mtp import MTPDecoder
+from .mtp import AUTO, MTP_MAX_DEFAULT, DraftPolicy, MTPDecoder, parse_mtp
 from .sampling import Sampler, SamplingParams, StopCriteria
 
 # Control tokens that end a turn in the chat formats Strata meets (ChatML/Qwen first); a file's own
@@ -91,7 +91,10 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s",
               # MTP drafts (DESIGN §5, §9; pyrunner.mtp): present with mtp > 0
               "drafts_proposed", "drafts_accepted", "acceptance_rate", "mean_accepted_len", "mtp_windows",
-              "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s")
+              "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s",
+              # mtp "auto" (mtp.DraftPolicy): the drafts per window chosen, averaged over the request's
+              # windows and plain steps, and the windows where the choice changed
+              "mtp_k", "mtp_k_changes")
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
@@ -351,6 +354,16 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
     ple0 = sess.stats() if getattr(model, "has_ple", False) and hasattr(sess, "stats") else None
     ctl = _controller(model) if off0 is not None else None
+    policy = None
+    if mtp == AUTO:
+        # drafts per window from live costs (mtp.DraftPolicy); none without a head, and none for a seeded
+        # sampling request: how many drafts a window takes changes which random numbers become which
+        # token, and a choice made from timings would make the seed's output differ run to run (greedy
+        # output is the same whatever the choice; a seeded request's is then the output without drafts)
+        seeded = not sampler.is_greedy and sampler.params.seed not in (None, -1)
+        if getattr(model, "n_mtp", 0) >= 1 and not seeded:
+            policy = DraftPolicy(getattr(model, "mtp_max", MTP_MAX_DEFAULT))
+        mtp = policy.k_max if policy is not None else 0
     drafter = MTPDecoder(sess, sampler, mtp, draft_hook) if mtp > 0 else None
 
     reused = sess.reuse(ids)
@@ -412,9 +425,14 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                 k = n_ctx - sess.n_past - 1
                 if limit is not None:
                     k = min(k, limit - n_sampled - 1)
+                if policy is not None:
+                    k = policy.choose(k)
+                    p0, a0, t_w = drafter.proposed, drafter.accepted, time.perf_counter()
                 trace.label(f"decode window {step} (MTP, up to {k} drafts)")
                 with trace.span("decode window", "decode", step=step, drafts=k):
-                    new = drafter.round(tok, history, k)
+                    new = drafter.round(tok, history, k) if k > 0 or policy is None else drafter.plain(tok, history)
+                if policy is not None:
+                    policy.observe(k, drafter.proposed - p0, drafter.accepted - a0, time.perf_counter() - t_w)
         except StrataError as e:
             e = trace.as_watchdog(e)
             if not isinstance(e, trace.WatchdogError):
@@ -428,6 +446,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     sess.save()                                 # a checkpoint where this request ends (prefix reuse)
     if drafter is not None:
         stats.update(drafter.stats())
+    if policy is not None:
+        stats.update(policy.stats())
     stats.update(_offload_stats(model, off0))
     if ple0 is not None:
         ple1 = sess.stats()
@@ -568,9 +588,7 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
                          f"the context is full) or -2 (until the context is filled)")
     ids = prompt_ids(model, prompt, add_special)
     _check_fits(model, ids)                  # now, not at the first piece of a stream
-    k = getattr(model, "mtp", 0) if mtp is None else int(mtp)
-    if k < 0:
-        raise ValueError(f"mtp must be >= 0 (got {k})")
+    k = parse_mtp(getattr(model, "mtp", 0) if mtp is None else mtp)
     eog = end_of_generation_ids(model)
     wd = trace.watchdog_seconds(watchdog_s)
     halt = threading.Event()         # CompletionStream.stop()

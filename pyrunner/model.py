@@ -90,12 +90,12 @@ class Model:
 
     def __init__(self, path=None, threads: int | None = None, n_ctx: int | None = None, device: str = "cpu",
                  cache_gib: float | None = None, pcie_frac: float | None = None, kv_type: str = "f16",
-                 mtp: int = 0, ple_mode: str = "auto", prefill_chunk: int = 8192,
+                 mtp: int | str = "auto", ple_mode: str = "auto", prefill_chunk: int = 8192,
                  sim_link_gbps: float | None = None, tail_skip: int | None = None,
                  prefill_stream_min: int | None = None, expert_pack: str | None = "auto", *,
                  max_swaps: int | None = None,
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
-                 ple_step_timeout_s: float | None = None, repack: bool | None = None):
+                 ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -161,9 +161,11 @@ class Model:
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
-        if mtp < 0:
-            raise ValueError(f"mtp must be >= 0 (got {mtp})")
-        self.mtp = int(mtp)                    # drafts per verify window generate() uses (0: off)
+        from .mtp import parse_mtp
+        self.mtp = parse_mtp(mtp)              # drafts per verify window generate() uses (0: off; "auto")
+        if int(mtp_max) < 1:
+            raise ValueError(f"mtp_max must be >= 1 (got {mtp_max})")
+        self.mtp_max = int(mtp_max)            # the most drafts mtp="auto" tries
         self.pcie_frac_fixed = pcie_frac is not None
         _warn_threads_over_cores(threads)
         p = ffi.new("strata_model_params *", lib.strata_model_default_params())

@@ -31,6 +31,24 @@ from .sampling import Sampler, draw, greedy
 
 DraftHook = Callable[[int, int], int]
 
+AUTO = "auto"            # --mtp auto: drafts per window chosen from live costs (DraftPolicy)
+MTP_MAX_DEFAULT = 3      # --mtp-max: the most drafts --mtp auto tries
+FLUSH_ROWS = 64          # plain steps between --mtp auto's batched MTP extends (MTPDecoder.plain)
+
+
+def parse_mtp(value, name: str = "mtp"):
+    """An --mtp setting: "auto", or a draft count >= 0 (0: off)."""
+    if isinstance(value, str):
+        if value.strip().lower() == AUTO:
+            return AUTO
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{name} {value!r}: give a number of drafts per window (0: off) or 'auto'") from None
+    if value is None or isinstance(value, bool) or int(value) < 0:
+        raise ValueError(f"{name} must be >= 0 or 'auto' (got {value!r})")
+    return int(value)
+
 
 class MTPDecoder:
     """Drafts with the MTP head of `sess`'s model and verifies in windows of k + 1 tokens.
@@ -52,6 +70,7 @@ class MTPDecoder:
         self._rows: tuple | None = None                # prompt rows waiting for the first extend
         self._last: tuple | None = None                # the last window: (p, logits, hidden) for truncate()
         self.proposed = self.accepted = self.windows = self.full = 0
+        self.plain_steps = 0
         self.draft_s = self.verify_s = self.rollback_s = self.extend_s = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -98,10 +117,10 @@ class MTPDecoder:
         (default self.k; fewer near the end of the context or of max_tokens). Returns the new tokens."""
         sess = self.sess
         p = sess.n_past
-        if self._rows is not None:                    # the prompt's MTP rows, now that x is known
+        if self._rows is not None:                    # the prompt's (or plain steps') rows, now that x is known
             rows, nxt, p0 = self._rows
             self._rows = None
-            self._extend(rows, nxt + [x], p0)
+            self._extend(np.concatenate(rows) if isinstance(rows, list) else rows, nxt + [x], p0)
         k = self.k if k is None else max(0, min(int(k), self.k))
         # draft
         t0 = time.perf_counter()
@@ -169,6 +188,35 @@ class MTPDecoder:
             self.sess.rollback(p + 1 + n_new, logits=L[n_new], hidden=H[n_new])
             self.rollback_s += time.perf_counter() - t0
 
+    def plain(self, x: int, history: list[int]) -> list[int]:
+        """A step without drafts (--mtp auto chose none): x alone, as the one-token loop evaluates it, but
+        its pre-mixer row is kept; the rows of such steps wait (each with the token after it) for one
+        batched MTP extend, every FLUSH_ROWS of them or before the next window drafts, so the MTP's
+        cache holds every position and its drafts are those of a head that never paused."""
+        sess = self.sess
+        p = sess.n_past
+        if self._rows is not None and len(self._rows[0]) == 0:
+            self._rows = None                         # a prompt held whole: no rows wait
+        if self._rows is not None:                    # complete the waiting rows with x
+            rows, nxt, p0 = self._rows
+            nxt.append(x)
+            if len(rows) >= FLUSH_ROWS:
+                self._rows = None
+                self._extend(np.concatenate(rows) if isinstance(rows, list) else rows, nxt, p0)
+        logits, hid = sess.eval([x], hidden=True)
+        row = hid.reshape(1, -1)
+        if self._rows is None:
+            self._rows = ([row], [], p)
+        else:
+            rows, nxt, p0 = self._rows
+            if not isinstance(rows, list):
+                rows = [rows]
+            rows.append(row)
+            self._rows = (rows, nxt, p0)
+        self.draft_logits = self.chain = None         # stale now: the next round extends first
+        self.plain_steps += 1
+        return [self.sampler.sample(logits, history)]
+
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
         """DESIGN §9 keys (drafts_proposed, drafts_accepted, acceptance_rate, mean_accepted_len) and
@@ -183,3 +231,132 @@ class MTPDecoder:
         if self.windows:
             out["mean_accepted_len"] = (self.accepted + self.windows) / self.windows
         return out
+
+
+class DraftPolicy:
+    """--mtp auto: the drafts per window k in 0..k_max that maximise the expected tokens per second,
+    from what this request measures as it decodes:
+
+      - acceptance by draft position: a_j / n_j, the share of windows that reached draft j and took it
+        (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
+        the last ~20 of them; a window whose accepted drafts are SURPRISE or more from what the estimate
+        expects (a probe's, or two windows' in a row on the same side) keeps only FORGET of the old
+        evidence and is followed by another probe at once, so a change of the text is followed within a
+        few windows, even while the current k drafts little or nothing);
+      - the time of a window by its k (a moving average, a fifth of each new window; k = 0 is a plain
+        step), its drafting, verify, rollback and extend all included (so on the offload paths, the
+        missed experts its extra tokens touch); a k not measured yet is estimated on a line through
+        the measured ones (t_0 (1 + k / 4) when there is one);
+      - expected tokens of a window: 1 + sum over j <= k of the product of the first j acceptances.
+
+    The current k changes only for a rate HYSTERESIS times better (no flapping between near ties);
+    every EXPLORE windows one window probes another k (k_max, which measures every position's
+    acceptance, and the least recently measured in turn): about 1 window in EXPLORE explores. The
+    first window is plain (t_0), the second a probe at k_max."""
+
+    DECAY = 0.95
+    SURPRISE = 1.5
+    FORGET = 0.3
+    HYSTERESIS = 1.03
+    EXPLORE = 16
+
+    def __init__(self, k_max: int = MTP_MAX_DEFAULT):
+        if k_max < 1:
+            raise ValueError(f"mtp-max {k_max}: give at least 1 draft")
+        self.k_max = int(k_max)
+        self.n = np.zeros(self.k_max + 1)       # [j]: windows that reached draft j (j >= 1)
+        self.a = np.zeros(self.k_max + 1)       # [j]: of them, windows that took it
+        self.t: list = [None] * (self.k_max + 1)
+        self.seen = [-1] * (self.k_max + 1)     # window index each k was last measured at
+        self.cur = 0
+        self.windows = 0
+        self._probe_again = False
+        self._probes_in_row = 0
+        self._last_side = 0
+        self.k_sum = 0
+        self.history: list = []                 # (window, k) whenever the current k changes
+
+    def acceptance(self) -> np.ndarray:
+        """[j] for j in 1..k_max: the estimated chance that draft j is taken when drafts 1..j-1 were."""
+        return (self.a[1:] + 0.5) / (self.n[1:] + 1.0)
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + float(np.cumprod(self.acceptance()[:k]).sum()) if k > 0 else 1.0
+
+    def cost(self, k: int) -> float | None:
+        if self.t[k] is not None:
+            return self.t[k]
+        known = [(j, t) for j, t in enumerate(self.t) if t is not None]
+        if not known:
+            return None
+        if len(known) == 1:
+            j, t = known[0]
+            base = t / (1.0 + j / 4.0)
+            return base * (1.0 + k / 4.0)
+        (j0, t0), (j1, t1) = known[0], known[-1]
+        return t0 + (t1 - t0) * (k - j0) / (j1 - j0)
+
+    def rate(self, k: int) -> float:
+        c = self.cost(k)
+        return self.expected_tokens(k) / c if c else 0.0
+
+    def rates(self) -> list:
+        """rate(k) for every k, from one pass over the estimates."""
+        e = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance()))])
+        out = []
+        for k in range(self.k_max + 1):
+            c = self.cost(k)
+            out.append(e[k] / c if c else 0.0)
+        return out
+
+    def choose(self, k_cap: int | None = None) -> int:
+        """k for the next window (at most k_cap: the context or max_tokens may leave room for fewer)."""
+        cap = self.k_max if k_cap is None else max(0, min(int(k_cap), self.k_max))
+        w = self.windows
+        if w == 0:
+            k = 0
+        elif self._probe_again and self.cur != self.k_max:
+            k = self.k_max
+        elif w == 1 or w % self.EXPLORE == 0:
+            if self.cur != self.k_max and (w == 1 or (w // self.EXPLORE) % 2):
+                k = self.k_max
+            else:
+                k = min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
+        else:
+            rates = self.rates()
+            best = int(np.argmax(rates))
+            if best != self.cur and rates[best] > self.HYSTERESIS * rates[self.cur]:
+                self.cur = best
+                self.history.append((w, best))
+            k = self.cur
+        self._probes_in_row = self._probes_in_row + 1 if k != self.cur else 0
+        return min(k, cap)
+
+    def observe(self, k: int, proposed: int, accepted: int, seconds: float) -> None:
+        """A window ran with k chosen: `proposed` drafts made, `accepted` of them taken, in `seconds`."""
+        self.windows += 1
+        self.k_sum += k
+        self._probe_again = False
+        if proposed > 0:
+            # a window far from what the estimate expects (1.5 drafts or more either way) says the text
+            # changed: the old evidence mostly goes, and a probe follows at once to confirm
+            expect = float(np.cumprod(self.acceptance()[:proposed]).sum())
+            off = accepted - expect
+            side = 0 if abs(off) < self.SURPRISE else (1 if off > 0 else -1)
+            # a probe's surprise counts at once; the current k's only when the one before it was the same
+            surprise = side != 0 and (self._probes_in_row > 0 or side == self._last_side)
+            self._last_side = side
+            keep = self.FORGET if surprise else self.DECAY
+            self.n *= keep
+            self.a *= keep
+            self._probe_again = surprise and self._probes_in_row < 3
+            reached = min(accepted + 1, proposed)
+            self.n[1:reached + 1] += 1.0
+            self.a[1:accepted + 1] += 1.0
+        kk = proposed if proposed > 0 else 0
+        self.t[kk] = seconds if self.t[kk] is None else 0.8 * self.t[kk] + 0.2 * seconds
+        self.seen[kk] = self.windows
+
+    def stats(self) -> dict:
+        return {"mtp_k": self.k_sum / self.windows if self.windows else 0.0,
+                "mtp_k_changes": [{"window": w, "k": k} for w, k in self.history]}

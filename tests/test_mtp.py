@@ -321,3 +321,105 @@ def test_mtp_draws_its_random_numbers_from_the_sampler_it_is_given(model):
     assert got == want.tokens
     # one draw per sampled token would be the one-token loop; drafts and acceptance tests take more
     assert sampler.draws > len(got) and want.stats["drafts_proposed"] > 0
+
+
+# ------------------------------------------------------------------------------------ --mtp auto
+
+def _simulate(policy, windows: int, rate_at, cost, seed: int = 0):
+    """Runs a draft-length rule on a synthetic stream: at window w drafts are taken with probability
+    rate_at(w) each (until the first miss), a window with k drafts costs cost(k) seconds (+-10 %
+    noise) and yields the taken drafts plus one token. policy: a DraftPolicy, or an int (fixed k).
+    Returns (the k of each window, tokens per second)."""
+    rng = np.random.default_rng(seed)
+    ks, tokens, secs = [], 0, 0.0
+    for w in range(windows):
+        k = policy if isinstance(policy, int) else policy.choose()
+        a = 0
+        while a < k and rng.random() < rate_at(w):
+            a += 1
+        dt = cost(k) * rng.uniform(0.9, 1.1)
+        if not isinstance(policy, int):
+            policy.observe(k, k, a, dt)
+        ks.append(k)
+        tokens += a + 1
+        secs += dt
+    return ks, tokens / secs
+
+
+def _vs_fixed(rate_at, cost, windows: int = 400, seed: int = 0):
+    """(auto's tokens/s, {k: fixed k's}) on one synthetic stream."""
+    from pyrunner.mtp import DraftPolicy
+
+    _, auto = _simulate(DraftPolicy(3), windows, rate_at, cost, seed)
+    return auto, {k: _simulate(k, windows, rate_at, cost, seed)[1] for k in range(4)}
+
+
+CHEAP = staticmethod(lambda k: 1.0 + 0.15 * k)          # a verify window of k drafts costs little more
+DEAR = staticmethod(lambda k: 1.0 if k == 0 else 1.5 + 0.1 * k)   # one costs 1.5 plain steps and more
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.05, 0.3, 0.6, 0.8, 0.95, 1.0])
+@pytest.mark.parametrize("cost", ["cheap", "dear"])
+def test_auto_policy_is_near_the_best_fixed_k_on_steady_streams(rate, cost):
+    """On a steady stream the policy's tokens per second are within 8 % of the best fixed k's (what the
+    probes and the noise cost), whichever k that is (k = 0 when drafts are rarely taken or windows are
+    dear; k = 3 when they are taken and cheap)."""
+    c = CHEAP if cost == "cheap" else DEAR
+    auto, fixed = _vs_fixed(lambda w: rate, c)
+    assert auto >= 0.92 * max(fixed.values()), (auto, fixed)
+
+
+def test_auto_policy_follows_a_switching_stream_and_does_not_flap():
+    """Acceptance switching between 0.05 and 0.95 every 64 windows: the policy beats every fixed k (it
+    drafts in the good phases and stops in the bad ones), changes k a few times per phase at most, and
+    on a steady stream settles (no flapping)."""
+    from pyrunner.mtp import DraftPolicy
+
+    switching = lambda w: 0.95 if (w // 64) % 2 else 0.05       # noqa: E731
+    for c in (CHEAP, DEAR):
+        auto, fixed = _vs_fixed(switching, c, windows=512)
+        assert auto >= 1.0 * max(fixed.values()), (auto, fixed)
+    p = DraftPolicy(3)
+    ks, _ = _simulate(p, 512, switching, CHEAP)
+    assert len(p.history) <= 4 * 512 // 64
+    assert sum(k == 3 for k in ks[64 + 16:128]) >= 0.8 * 48      # in a good phase: drafting
+    assert sum(k == 0 for k in ks[128 + 16:192]) >= 0.8 * 48     # in a bad one: not
+    p = DraftPolicy(3)
+    _simulate(p, 400, lambda w: 0.95, CHEAP)
+    assert len(p.history) <= 3 and p.cur == 3 and p.stats()["mtp_k"] > 2.5
+
+
+def test_auto_policy_expected_tokens_and_cost_estimates():
+    from pyrunner.mtp import DraftPolicy
+
+    p = DraftPolicy(3)
+    assert p.expected_tokens(0) == 1.0 and p.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert p.cost(2) is None and p.choose() == 0                  # the first window is plain
+    p.observe(0, 0, 0, 1.0)
+    assert p.cost(4 - 1) == pytest.approx(1.75)                   # one measured: t0 (1 + k / 4)
+    assert p.choose() == 3                                        # the second probes k_max
+    p.observe(3, 3, 3, 2.0)
+    assert p.cost(1) == pytest.approx(1 + 1 / 3) and p.acceptance()[0] > 0.5
+    assert p.choose(k_cap=1) <= 1                                 # the context or max_tokens cap it
+    with pytest.raises(ValueError, match="at least 1"):
+        DraftPolicy(0)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.7, 1.0])
+def test_greedy_output_with_auto_drafts_is_the_output_without(model, rate):
+    """mtp="auto": whatever k the policy picks window by window (forced acceptance rates of 0, 0.7 and 1;
+    on this tiny model a plain step is so cheap that even all-right drafts rarely pay, so mostly k = 0
+    with probes; plain steps in between keep the MTP's rows for one batched extend), greedy output is
+    the output without drafts, and the stats say what was chosen."""
+    for i, n in enumerate([9, 120]):
+        ids = prompt(300 + i, n)
+        ref = generate(model, ids, max_tokens=150, temperature=0, session=model.session())
+        full = ids + ref.tokens
+        c = generate(model, ids, max_tokens=150, temperature=0, session=model.session(), mtp="auto",
+                     draft_hook=forcing_hook(full, rate, seed=i))
+        assert c.tokens == ref.tokens and c.finish_reason == ref.finish_reason, (n, rate)
+        assert 0 <= c.stats["mtp_k"] <= 3 and c.stats["drafts_proposed"] > 0     # probes at least
+        if rate == 1.0:
+            assert c.stats["acceptance_rate"] > 0.9
+    with pytest.raises(ValueError, match="'auto'"):
+        generate(model, ids, max_tokens=2, mtp="sometimes")

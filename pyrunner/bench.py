@@ -526,6 +526,119 @@ def bench_mtp(path: str, k: int, threads: int = 2, prompt_tokens: int = 128, gen
         model.close()
 
 
+SWITCH_RATES = (0.2, 0.95)    # bench model --mtp auto: the switching schedule's two acceptance rates
+SWITCH_EVERY = 64             # ... and its phase length in generated tokens
+
+
+def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 512,
+                   kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print) -> dict:
+    """`strata bench model --mtp auto`: --mtp auto next to every fixed k in 0..k_max, one loaded model, one run
+    each, side by side: with the head's own drafts ("natural"), at each forced acceptance rate, and on a
+    schedule that switches the forced rate between SWITCH_RATES every SWITCH_EVERY generated tokens.
+    {"settings", "natural": {"auto": RUN, "fixed": {"0": RUN, ...}}, "forced": [{"rate", "auto", "fixed"}],
+    "switching": {"auto", "fixed"}}; RUN as bench_mtp's, plus mtp_k (auto's mean k) and vs_best_fixed / vs_each
+    (auto's tokens/s over the best fixed k's, and over each)."""
+    import os
+
+    from ._native import StrataError
+    from .generate import end_of_generation_ids, generate
+    from .model import Model
+
+    if not os.path.isfile(path):
+        raise BenchError(f"{path}: no such model file")
+    if k_max < 1 or prompt_tokens < 1 or gen_tokens < 2:
+        raise BenchError(f"--mtp-max must be >= 1, --prompt-tokens >= 1 and --gen-tokens >= 2 (got {k_max}, "
+                         f"{prompt_tokens}, {gen_tokens})")
+    try:
+        model = Model(path, threads=threads, n_ctx=prompt_tokens + gen_tokens + k_max + 16, kv_type=kv_type,
+                      mtp_max=k_max)
+    except (StrataError, ValueError, OSError) as e:
+        raise BenchError(f"Strata could not load {path}: {e}") from None
+    try:
+        if model.n_mtp < 1:
+            raise BenchError(f"{path} has no MTP block: make one with `tools/make_model.py PRESET --mtp` or convert "
+                             f"a checkpoint with its mtp.* tensors")
+        ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
+        ban = {t: -np.inf for t in end_of_generation_ids(model)}
+        sess = model.session()
+        common = dict(max_tokens=gen_tokens, temperature=0, logit_bias=ban, session=sess)
+        log(f"strata: {prompt_tokens}-token prompt (prefilled once, then reused), {gen_tokens} greedy tokens, "
+            f"--mtp auto (max {k_max}) next to fixed k 0..{k_max}, {threads} threads, kv {kv_type}")
+        generate(model, ids, max_tokens=1, session=sess)           # the prefill, outside every timed decode
+        plain = generate(model, ids, mtp=0, **common)
+        ref = ids + plain.tokens
+
+        def run(label, mtp, make_hook):
+            c = generate(model, ids, mtp=mtp, draft_hook=make_hook() if make_hook else None, **common)
+            st = c.stats
+            w = max(st.get("mtp_windows", 0), 1)
+            out = {"decode_tps": st.get("decode_tps", 0.0), "same_tokens": c.tokens == plain.tokens,
+                   "drafts_proposed": st.get("drafts_proposed", 0), "drafts_accepted": st.get("drafts_accepted", 0),
+                   "acceptance_rate": st.get("acceptance_rate", 0.0),
+                   "mean_accepted_len": st.get("mean_accepted_len", 0.0), "windows": st.get("mtp_windows", 0),
+                   **{f"{n}_ms": 1e3 * st.get(f"mtp_{n}_s", 0.0) / w for n in ("draft", "verify", "rollback", "extend")}}
+            if mtp == "auto":
+                out["mtp_k"] = st.get("mtp_k", 0.0)
+            log(f"  {label:22s} {out['decode_tps']:8.2f} tok/s  accepted {out['drafts_accepted']}/"
+                f"{out['drafts_proposed']}" + (f"  mean k {out['mtp_k']:.2f}" if mtp == "auto" else ""))
+            return out
+
+        def forced_hook(rate_at, tag):
+            def make():
+                g = np.random.default_rng([seed, tag])
+
+                def hook(pos, draft):
+                    if pos >= len(ref):
+                        return draft
+                    return ref[pos] if g.random() < rate_at(pos) else (ref[pos] + 1) % model.n_vocab
+                return hook
+            return make
+
+        def side_by_side(name, make_hook):
+            row = {"auto": run(f"{name} auto", "auto", make_hook),
+                   "fixed": {str(k): run(f"{name} k={k}", k, make_hook) for k in range(k_max + 1)}}
+            best = max(r["decode_tps"] for r in row["fixed"].values())
+            a = row["auto"]["decode_tps"]
+            row["vs_best_fixed"] = a / best if best else None
+            row["vs_each"] = {k: (a / r["decode_tps"] if r["decode_tps"] else None) for k, r in row["fixed"].items()}
+            return row
+
+        res = {"settings": {"model": path, "mtp": "auto", "mtp_max": k_max, "threads": threads,
+                            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed,
+                            "switch_rates": list(SWITCH_RATES), "switch_every": SWITCH_EVERY}}
+        res["natural"] = side_by_side("head's own", None)
+        res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}", forced_hook(lambda pos, r=r: r, int(r * 1000)))}
+                         for r in rates]
+        start = len(ids)
+
+        def switching(pos):
+            return SWITCH_RATES[((pos - start) // SWITCH_EVERY) % 2]
+        res["switching"] = side_by_side("switching", forced_hook(switching, 7777))
+        return res
+    finally:
+        model.close()
+
+
+def format_mtp_auto_table(res: dict) -> str:
+    s = res["settings"]
+    ks = [str(k) for k in range(s["mtp_max"] + 1)]
+    lines = [f"{s['model']}: --mtp auto (max {s['mtp_max']}) vs fixed k, {s['prompt_tokens']}-token prompt, "
+             f"{s['gen_tokens']} greedy tokens, {s['threads']} threads, kv {s['kv_type']}; decode tok/s, one run each",
+             f"{'drafts':16s} {'auto':>8s} {'mean k':>7s} " + " ".join(f"{'k=' + k:>8s}" for k in ks)
+             + f" {'auto/best':>10s} {'auto/worst':>11s}"]
+    rows = [("head's own", res["natural"])] + [(f"forced {f['rate']:.2f}", f) for f in res["forced"]] \
+        + [(f"switch {s['switch_rates'][0]}/{s['switch_rates'][1]}", res["switching"])]
+    for name, r in rows:
+        a = r["auto"]
+        each = [v for v in r["vs_each"].values() if v is not None]
+        same = a["same_tokens"] and all(f["same_tokens"] for f in r["fixed"].values())
+        lines.append(f"{name:16s} {a['decode_tps']:8.2f} {a.get('mtp_k', 0):7.2f} "
+                     + " ".join(f"{r['fixed'][k]['decode_tps']:8.2f}" for k in ks)
+                     + f" {r['vs_best_fixed'] or 0:10.2f} {max(each) if each else 0:11.2f}"
+                     + ("" if same else "  OUTPUT DIFFERS"))
+    return "\n".join(lines)
+
+
 def _break_even(points) -> float | None:
     """The rate where speedup crosses 1, linearly interpolated (0.0 if drafting wins even at rate 0, None if it
     never wins)."""

@@ -11,6 +11,18 @@ def _fail(e: Exception) -> click.ClickException:
     return click.ClickException(str(e))
 
 
+
+def _mtp_flag(ctx, param, value):
+    """--mtp: 'auto' or a draft count >= 0."""
+    if value is None:
+        return None
+    from .mtp import parse_mtp
+
+    try:
+        return parse_mtp(value, "--mtp")
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
 @click.group()
 @click.version_option("0.1.0", prog_name="strata")
 def main():
@@ -252,15 +264,18 @@ def bench_kernels(as_json, types, threads, batches, isa):
 @click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default="f16", show_default=True,
               envvar="STRATA_KV_TYPE", help="KV cache type.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompt ids.")
-@click.option("--mtp", type=int, default=0, show_default=True,
-              help="K > 0: decode with K MTP drafts per window next to decode without, at forced acceptance rates.")
+@click.option("--mtp", type=str, default="0", show_default=True, callback=_mtp_flag,
+              help="K > 0: decode with K MTP drafts per window next to decode without, at forced acceptance rates; "
+                   "auto: --mtp auto next to every fixed k, also on a schedule switching the acceptance.")
+@click.option("--mtp-max", type=click.IntRange(min=1), default=3, show_default=True,
+              help="With --mtp auto: the most drafts it tries, and the fixed k it is compared with (0..this).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also run the benchmark once more with the timeline recorder on, write that run's trace, and "
                    "report the recorder's cost (tokens/s with and without it).")
 @click.option("--repack/--no-repack", default=None, envvar="STRATA_REPACK",
               help="Strata's prefill conversion of IQ weight rows (see `strata generate --help`) [default: on].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
-                trace_path, repack):
+                mtp_max, trace_path, repack):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -281,11 +296,15 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         tracer = _tracer({"trace_path": trace_path})    # --mtp: the one run is traced (no on/off comparison)
         try:
             with tracer:
-                res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
-                                  gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
+                if mtp == "auto":
+                    res = b.bench_mtp_auto(model_path, mtp_max, threads=threads, prompt_tokens=prompt_tokens,
+                                           gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
+                else:
+                    res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
+                                      gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
         except (b.BenchError, StrataError) as e:
             raise _fail(e) from None
-        _bench_out(res, as_json, b.format_mtp_table)
+        _bench_out(res, as_json, b.format_mtp_auto_table if mtp == "auto" else b.format_mtp_table)
         _trace_note(tracer)
         return
     try:
@@ -492,17 +511,6 @@ def _llama_cpp_only(why: str):
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
            "ple_mode", "sim_link_gbps", "repack")
 
-
-def _mtp_flag(ctx, param, value):
-    """--mtp: 'auto' or a draft count >= 0."""
-    if value is None:
-        return None
-    from .mtp import parse_mtp
-
-    try:
-        return parse_mtp(value, "--mtp")
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def _with_env(cmd: click.Command) -> click.Command:

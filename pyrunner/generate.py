@@ -37,7 +37,8 @@ prompt starts with and evaluates only the rest (`reused_prompt_tokens` counts wh
 evaluate); a request equal to what the session holds evaluates nothing. A failure or an interrupt
 (Ctrl-C) inside an evaluation leaves the state unknown: the next request starts over.
 
-With mtp > 0 the decode runs in verify windows (pyrunner.mtp): drafts from the model's MTP head,
+With mtp > 0 (or "auto": mtp.DraftPolicy picks the drafts of each window, 0 included) the decode runs in
+verify windows (pyrunner.mtp): drafts from the model's MTP head,
 one trunk pass over the window, the longest agreeing prefix kept and the rest rolled back. Greedy
 output is the same token for token; sampled output has the same distribution.
 
@@ -93,8 +94,8 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "drafts_proposed", "drafts_accepted", "acceptance_rate", "mean_accepted_len", "mtp_windows",
               "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s",
               # mtp "auto" (mtp.DraftPolicy): the drafts per window chosen, averaged over the request's
-              # windows and plain steps, and the windows where the choice changed
-              "mtp_k", "mtp_k_changes")
+              # windows and plain steps, how many windows ran each k, and the windows where the choice changed
+              "mtp_k", "mtp_k_windows", "mtp_k_changes")
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
@@ -427,12 +428,13 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                     k = min(k, limit - n_sampled - 1)
                 if policy is not None:
                     k = policy.choose(k)
-                    p0, a0, t_w = drafter.proposed, drafter.accepted, time.perf_counter()
+                    p0, a0, t_w, e_w = drafter.proposed, drafter.accepted, time.perf_counter(), drafter.prompt_extend_s
                 trace.label(f"decode window {step} (MTP, up to {k} drafts)")
                 with trace.span("decode window", "decode", step=step, drafts=k):
                     new = drafter.round(tok, history, k) if k > 0 or policy is None else drafter.plain(tok, history)
                 if policy is not None:
-                    policy.observe(k, drafter.proposed - p0, drafter.accepted - a0, time.perf_counter() - t_w)
+                    policy.observe(k, drafter.proposed - p0, drafter.accepted - a0,
+                                   time.perf_counter() - t_w - (drafter.prompt_extend_s - e_w))
         except StrataError as e:
             e = trace.as_watchdog(e)
             if not isinstance(e, trace.WatchdogError):
@@ -575,7 +577,8 @@ def generate(model, prompt: str | Sequence[int], max_tokens: int | None = 256, t
     holds it (from another thread, or while a stream is still open) runs on a session of its own, so
     calls from many threads give what the same calls give one after another. Calls on one given
     `session` must not overlap. stream=False returns a Completion; stream=True a CompletionStream of
-    text pieces. mtp: drafts per verify window (None: the model's `mtp`; 0: off; pyrunner.mtp);
+    text pieces. mtp: drafts per verify window (None: the model's `mtp`; 0: off; "auto": chosen window by
+    window from live costs, mtp.DraftPolicy; pyrunner.mtp);
     checkpoint_at: prompt positions to keep a prefix-reuse checkpoint at (e.g. where the next
     request's prompt will differ); draft_hook: pyrunner.mtp's test hook; watchdog_s: abort the request
     after this many seconds without progress (None: STRATA_WATCHDOG_S, else 600; <= 0: off), returning

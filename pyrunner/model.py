@@ -115,7 +115,10 @@ class Model:
         fails when the PLE gather worker takes longer). repack (default True; STRATA_REPACK, --no-repack):
         prefill products of IQ2_XXS / IQ2_XS / IQ3_XXS weights on the avx512 path decode 16 rows at a
         time into a per-thread int16 scratch first (repack_bytes, reported at start; results bit-identical,
-        strata.h strata_set_repack). It is process-wide: the last Model to set it decides.
+        strata.h strata_set_repack). It is process-wide: the last Model to set it decides. mtp: the drafts
+        per verify window generate() uses with the model's MTP head ("auto", the default: chosen window by
+        window, 0 to mtp_max, from the costs and acceptance the request measures, pyrunner.mtp.DraftPolicy;
+        a count; 0: off); a model without a head decodes without drafts whatever it says.
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the

@@ -21,6 +21,7 @@ the sampling rule stays exact).
 """
 from __future__ import annotations
 
+import collections
 import time
 from typing import Callable, Sequence
 
@@ -33,7 +34,7 @@ DraftHook = Callable[[int, int], int]
 
 AUTO = "auto"            # --mtp auto: drafts per window chosen from live costs (DraftPolicy)
 MTP_MAX_DEFAULT = 3      # --mtp-max: the most drafts --mtp auto tries
-FLUSH_ROWS = 64          # plain steps between --mtp auto's batched MTP extends (MTPDecoder.plain)
+REFRESH_ROWS = 8         # --mtp auto: plain steps' rows the next drafting window extends (MTPDecoder.plain)
 
 
 def parse_mtp(value, name: str = "mtp"):
@@ -71,6 +72,7 @@ class MTPDecoder:
         self._last: tuple | None = None                # the last window: (p, logits, hidden) for truncate()
         self.proposed = self.accepted = self.windows = self.full = 0
         self.plain_steps = 0
+        self.prompt_extend_s = 0.0    # the head over the prompt's rows (--mtp auto leaves it out of a window's time)
         self.draft_s = self.verify_s = self.rollback_s = self.extend_s = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -120,7 +122,10 @@ class MTPDecoder:
         if self._rows is not None:                    # the prompt's (or plain steps') rows, now that x is known
             rows, nxt, p0 = self._rows
             self._rows = None
+            t = time.perf_counter()
             self._extend(np.concatenate(rows) if isinstance(rows, list) else rows, nxt + [x], p0)
+            if not isinstance(rows, list):
+                self.prompt_extend_s += time.perf_counter() - t
         k = self.k if k is None else max(0, min(int(k), self.k))
         # draft
         t0 = time.perf_counter()
@@ -189,10 +194,12 @@ class MTPDecoder:
             self.rollback_s += time.perf_counter() - t0
 
     def plain(self, x: int, history: list[int]) -> list[int]:
-        """A step without drafts (--mtp auto chose none): x alone, as the one-token loop evaluates it, but
-        its pre-mixer row is kept; the rows of such steps wait (each with the token after it) for one
-        batched MTP extend, every FLUSH_ROWS of them or before the next window drafts, so the MTP's
-        cache holds every position and its drafts are those of a head that never paused."""
+        """A step without drafts (--mtp auto chose none): x alone, as the one-token loop evaluates it, with
+        its pre-mixer row kept. The head does not run on plain steps (it would cost a good share of a
+        step): the prompt's rows are extended at the first one, as a drafting window would, and then only
+        the last REFRESH_ROWS rows are kept, which the next drafting window extends before it drafts. The
+        head's cache holds nothing for the positions in between (zeros, or an earlier text's rows): its
+        drafts may be worse for it, never wrong, since the verify window decides."""
         sess = self.sess
         p = sess.n_past
         if self._rows is not None and len(self._rows[0]) == 0:
@@ -200,19 +207,20 @@ class MTPDecoder:
         if self._rows is not None:                    # complete the waiting rows with x
             rows, nxt, p0 = self._rows
             nxt.append(x)
-            if len(rows) >= FLUSH_ROWS:
+            if not isinstance(rows, list):            # the prompt's: as the first window would
                 self._rows = None
-                self._extend(np.concatenate(rows) if isinstance(rows, list) else rows, nxt, p0)
+                t = time.perf_counter()
+                self._extend(rows, nxt, p0)
+                self.prompt_extend_s += time.perf_counter() - t
+            elif len(rows) >= REFRESH_ROWS:
+                del rows[0], nxt[0]
+                self._rows = (rows, nxt, p0 + 1)
         logits, hid = sess.eval([x], hidden=True)
         row = hid.reshape(1, -1)
         if self._rows is None:
             self._rows = ([row], [], p)
         else:
-            rows, nxt, p0 = self._rows
-            if not isinstance(rows, list):
-                rows = [rows]
-            rows.append(row)
-            self._rows = (rows, nxt, p0)
+            self._rows[0].append(row)
         self.draft_logits = self.chain = None         # stale now: the next round extends first
         self.plain_steps += 1
         return [self.sampler.sample(logits, history)]
@@ -243,22 +251,25 @@ class DraftPolicy:
         expects (a probe's, or two windows' in a row on the same side) keeps only FORGET of the old
         evidence and is followed by another probe at once, so a change of the text is followed within a
         few windows, even while the current k drafts little or nothing);
-      - the time of a window by its k (a moving average, a fifth of each new window; k = 0 is a plain
-        step), its drafting, verify, rollback and extend all included (so on the offload paths, the
-        missed experts its extra tokens touch); a k not measured yet is estimated on a line through
-        the measured ones (t_0 (1 + k / 4) when there is one);
+      - the time of a window by its k (the median of its last TIMES windows, so one slow window does not
+        move it; k = 0 is a plain step), its drafting, verify, rollback and extend all included (so on the
+        offload paths, the missed experts its extra tokens touch); a k not measured yet is estimated on a
+        line through the measured ones (t_0 (1 + k / 4) when there is one);
       - expected tokens of a window: 1 + sum over j <= k of the product of the first j acceptances.
 
     The current k changes only for a rate HYSTERESIS times better (no flapping between near ties);
-    every EXPLORE windows one window probes another k (k_max, which measures every position's
-    acceptance, and the least recently measured in turn): about 1 window in EXPLORE explores. The
-    first window is plain (t_0), the second a probe at k_max."""
+    every EXPLORE windows (EXPLORE_FAR while every other k looks worse than FAR of the current one) one
+    window probes another k (k_max, which measures every position's acceptance, and the least recently
+    measured in turn). The first window is plain (t_0), the second a probe at k_max."""
 
     DECAY = 0.95
     SURPRISE = 1.5
     FORGET = 0.3
     HYSTERESIS = 1.03
     EXPLORE = 16
+    TIMES = 9
+    EXPLORE_FAR = 48
+    FAR = 0.8
 
     def __init__(self, k_max: int = MTP_MAX_DEFAULT):
         if k_max < 1:
@@ -266,15 +277,34 @@ class DraftPolicy:
         self.k_max = int(k_max)
         self.n = np.zeros(self.k_max + 1)       # [j]: windows that reached draft j (j >= 1)
         self.a = np.zeros(self.k_max + 1)       # [j]: of them, windows that took it
-        self.t: list = [None] * (self.k_max + 1)
+        self.t: list = [None] * (self.k_max + 1)     # [k]: the median of its last TIMES windows
+        self._times = [collections.deque(maxlen=self.TIMES) for _ in range(self.k_max + 1)]
         self.seen = [-1] * (self.k_max + 1)     # window index each k was last measured at
         self.cur = 0
         self.windows = 0
         self._probe_again = False
         self._probes_in_row = 0
         self._last_side = 0
+        self._last_probe = 0
+        self._n_probes = 0
+        self._rates = None
+        self._stale = 0
         self.k_sum = 0
+        self.k_count = [0] * (self.k_max + 1)
         self.history: list = []                 # (window, k) whenever the current k changes
+
+    def _cached_rates(self) -> list:
+        """rates(), recomputed when a window drafted or every few plain ones (a plain step of a small model
+        takes about a millisecond: the policy's own arithmetic should not be a share of it)."""
+        if self._rates is None or self._stale >= 8:
+            self._rates, self._stale = self.rates(), 0
+        return self._rates
+
+    def _interval(self, rates: list) -> int:
+        """Windows between probes: EXPLORE, or EXPLORE_FAR while every other k is estimated at less than
+        FAR of the current one's rate (probing then costs more than it is likely to find)."""
+        others = max((r for j, r in enumerate(rates) if j != self.cur), default=0.0)
+        return self.EXPLORE_FAR if rates[self.cur] > 0 and others < self.FAR * rates[self.cur] else self.EXPLORE
 
     def acceptance(self) -> np.ndarray:
         """[j] for j in 1..k_max: the estimated chance that draft j is taken when drafts 1..j-1 were."""
@@ -317,13 +347,15 @@ class DraftPolicy:
             k = 0
         elif self._probe_again and self.cur != self.k_max:
             k = self.k_max
-        elif w == 1 or w % self.EXPLORE == 0:
-            if self.cur != self.k_max and (w == 1 or (w // self.EXPLORE) % 2):
+        elif w == 1 or w - self._last_probe >= self._interval(self._cached_rates()):
+            self._last_probe = w
+            self._n_probes += 1
+            if self.cur != self.k_max and (w == 1 or self._n_probes % 2):
                 k = self.k_max
             else:
                 k = min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
         else:
-            rates = self.rates()
+            rates = self._cached_rates()
             best = int(np.argmax(rates))
             if best != self.cur and rates[best] > self.HYSTERESIS * rates[self.cur]:
                 self.cur = best
@@ -336,6 +368,7 @@ class DraftPolicy:
         """A window ran with k chosen: `proposed` drafts made, `accepted` of them taken, in `seconds`."""
         self.windows += 1
         self.k_sum += k
+        self.k_count[min(k, self.k_max)] += 1
         self._probe_again = False
         if proposed > 0:
             # a window far from what the estimate expects (1.5 drafts or more either way) says the text
@@ -354,9 +387,15 @@ class DraftPolicy:
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
         kk = proposed if proposed > 0 else 0
-        self.t[kk] = seconds if self.t[kk] is None else 0.8 * self.t[kk] + 0.2 * seconds
+        self._times[kk].append(seconds)
         self.seen[kk] = self.windows
+        self._stale += 1
+        if proposed > 0 or self._stale >= 8 or self.t[kk] is None:
+            self.t[kk] = float(np.median(self._times[kk]))
+            if proposed > 0:
+                self._rates = None
 
     def stats(self) -> dict:
         return {"mtp_k": self.k_sum / self.windows if self.windows else 0.0,
+                "mtp_k_windows": list(self.k_count),
                 "mtp_k_changes": [{"window": w, "k": k} for w, k in self.history]}

@@ -138,6 +138,31 @@ def test_mtp_next_to_plain_decode_at_forced_rates(tmp_path):
     assert r.exit_code != 0 and "no MTP block" in r.output
 
 
+def test_mtp_auto_next_to_every_fixed_k(tmp_path):
+    """bench model --mtp auto: auto and k = 0..mtp-max side by side with the head's own drafts, at every
+    forced rate and on the switching schedule (the JSON the issue names); every run decodes the same
+    greedy tokens; forced rate 1 takes every draft auto made."""
+    path = tmp_path / "tiny-mtp.gguf"
+    make_model("tiny", str(path), "f32", 0, mtp=True)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--json", "--mtp", "auto", "--mtp-max", "2",
+                                  "--prompt-tokens", "20", "--gen-tokens", "140"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["settings"]["mtp"] == "auto" and res["settings"]["mtp_max"] == 2
+    rows = [res["natural"], res["switching"]] + res["forced"]
+    assert [f["rate"] for f in res["forced"]] == list(bench.MTP_RATES)
+    for row in rows:
+        assert set(row["fixed"]) == {"0", "1", "2"} and set(row["vs_each"]) == {"0", "1", "2"}
+        assert row["auto"]["same_tokens"] and all(f["same_tokens"] for f in row["fixed"].values())
+        assert 0 <= row["auto"]["mtp_k"] <= 2 and row["vs_best_fixed"] > 0
+    one = next(f for f in res["forced"] if f["rate"] == 1.0)
+    assert one["auto"]["drafts_accepted"] == one["auto"]["drafts_proposed"] > 0
+    assert one["fixed"]["0"]["drafts_proposed"] == 0
+    assert "auto/best" in bench.format_mtp_auto_table(res)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--mtp", "often"])
+    assert r.exit_code == 2 and "'auto'" in r.output
+
+
 def test_break_even_interpolates():
     assert bench._break_even([(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)]) == pytest.approx(0.625)
     assert bench._break_even([(0.0, 1.1), (1.0, 2.0)]) == 0.0

@@ -92,7 +92,7 @@ def _random_prompt(rng, model, n: int) -> list:
 
 
 def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_prompt: int, seed: int,
-                    mixed: bool, trace_dir: str, prefill_chunk: int | None = 64,
+                    mixed: bool, trace_dir: str, prefill_chunk: int | None = None,
                     token_budget: int | None = None, itl_factor: float | None = None) -> dict:
     eog = end_of_generation_ids(model)
     # mixed: the decoders go on until the long prompt is prefilled (then they are cancelled), so every
@@ -178,7 +178,7 @@ def run_batch_ratio(model, n_requests: int, gen_tokens: int, parallel: int, seed
 
 def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens: int = 16, long_prompt: int = 3000,
         batch_requests: int = 64, batch_tokens: int = 256, batch_parallel: int = 8, seed: int = 0,
-        progress=None, prefill_chunk: int | None = 64, token_budget: int | None = None,
+        progress=None, prefill_chunk: int | None = None, token_budget: int | None = None,
         itl_factor: float | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-serve-") as d:

@@ -370,14 +370,14 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
               help="Requests of the file-style batch run (0: skip it).")
 @click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
 @click.option("--batch-parallel", type=int, default=8, show_default=True, help="Its parallel run's sequences.")
-@click.option("--prefill-chunk", type=click.IntRange(min=1, max=512), default=64, show_default=True,
+@click.option("--prefill-chunk", type=click.IntRange(min=1, max=512), default=512, show_default=True,
               help="Prompt tokens a request evaluates per step at most (pieces of any length keep the output "
-                   "`strata generate`'s).")
+                   "`strata generate`'s); as strata serve.")
 @click.option("--token-budget", type=click.IntRange(min=1), default=None,
               help="Tokens per step, decode tokens first, prompt pieces from the rest [default: --prefill-chunk].")
-@click.option("--itl-factor", type=float, default=None,
+@click.option("--itl-factor", type=float, default=2.0, show_default=True,
               help="While requests decode, size prompt pieces from live costs so a step takes about this many times "
-                   "a decode-only step (as `strata serve --itl-factor`) [default: the budget alone].")
+                   "a decode-only step, as `strata serve --itl-factor` (0: the budget alone).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, gen_tokens, prompt_tokens, long_prompt,
                 batch_requests, batch_tokens, batch_parallel, prefill_chunk, token_budget, itl_factor, seed):
@@ -398,7 +398,7 @@ def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, ge
                          batch_parallel, seed, progress=None if as_json else
                          (lambda r: click.echo(f"  {r['concurrency']} {r['mode']}: {r['generated_tps']:.1f} tok/s",
                                                err=True)), prefill_chunk=prefill_chunk, token_budget=token_budget,
-                         itl_factor=itl_factor)
+                         itl_factor=itl_factor or None)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
     click.echo(json.dumps(res, indent=1) if as_json else bs.table(res))

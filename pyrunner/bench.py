@@ -456,74 +456,102 @@ def format_model_table(res: dict) -> str:
 MTP_RATES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
+class _MTPBench:
+    """What bench_mtp and bench_mtp_auto share: the model loaded once with room for the prompt, the drafts
+    and the tokens; the prompt prefilled once outside every timed decode; the greedy decode without drafts
+    (the reference every run's tokens are checked against); one RUN record per generate(); forced hooks."""
+
+    def __init__(self, path: str, k: int, threads: int, prompt_tokens: int, gen_tokens: int, kv_type: str,
+                 seed: int, log, what: str, **model_kw):
+        import os
+
+        from ._native import StrataError
+        from .generate import end_of_generation_ids, generate
+        from .model import Model
+
+        if not os.path.isfile(path):
+            raise BenchError(f"{path}: no such model file")
+        try:
+            self.model = Model(path, threads=threads, n_ctx=prompt_tokens + gen_tokens + k + 16, kv_type=kv_type,
+                               **model_kw)
+        except (StrataError, ValueError, OSError) as e:
+            raise BenchError(f"Strata could not load {path}: {e}") from None
+        try:
+            if self.model.n_mtp < 1:
+                raise BenchError(f"{path} has no MTP block: make one with `tools/make_model.py PRESET --mtp` or "
+                                 f"convert a checkpoint with its mtp.* tensors")
+            self.generate, self.seed, self.log = generate, seed, log
+            self.ids = bench_prompt(self.model.n_vocab, prompt_tokens, seed)
+            sess = self.model.session()
+            self.common = dict(max_tokens=gen_tokens, temperature=0, session=sess,
+                               logit_bias={t: -np.inf for t in end_of_generation_ids(self.model)})
+            log(f"strata: {prompt_tokens}-token prompt (prefilled once, then reused), {gen_tokens} greedy tokens, "
+                f"{what}, {threads} threads, kv {kv_type}")
+            generate(self.model, self.ids, max_tokens=1, session=sess)   # the prefill, outside every timed decode
+            self.plain = generate(self.model, self.ids, mtp=0, **self.common)
+            self.ref = self.ids + self.plain.tokens
+        except BaseException:
+            self.model.close()
+            raise
+
+    def run(self, label: str, mtp, hook) -> dict:
+        """RUN: one greedy decode with `mtp` and the draft hook, its rates and per-window costs."""
+        c = self.generate(self.model, self.ids, mtp=mtp, draft_hook=hook, **self.common)
+        st = c.stats
+        w = max(st.get("mtp_windows", 0), 1)
+        out = {"decode_tps": st.get("decode_tps", 0.0), "same_tokens": c.tokens == self.plain.tokens,
+               "drafts_proposed": st.get("drafts_proposed", 0), "drafts_accepted": st.get("drafts_accepted", 0),
+               "acceptance_rate": st.get("acceptance_rate", 0.0),
+               "mean_accepted_len": st.get("mean_accepted_len", 0.0), "windows": st.get("mtp_windows", 0),
+               **{f"{n}_ms": 1e3 * st.get(f"mtp_{n}_s", 0.0) / w for n in ("draft", "verify", "rollback", "extend")}}
+        if mtp == "auto":
+            out["mtp_k"] = st.get("mtp_k", 0.0)
+        return out
+
+    def forced(self, rate_at, tag: int):
+        """A draft hook (fresh at each call) making the draft for position p right (the reference decode's
+        token) with probability rate_at(p), else wrong."""
+        g = np.random.default_rng([self.seed, tag])
+        ref, V = self.ref, self.model.n_vocab
+
+        def hook(pos, draft):
+            if pos >= len(ref):
+                return draft
+            return ref[pos] if g.random() < rate_at(pos) else (ref[pos] + 1) % V
+        return hook
+
+
 def bench_mtp(path: str, k: int, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 64,
               kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print) -> dict:
     """{"settings", "plain": RUN, "natural": RUN (the head's own drafts), "forced": [RUN + {"rate"}],
     "break_even": the interpolated forced rate where speedup reaches 1 (None: never / always)}; RUN =
     {decode_tps, speedup, drafts_proposed, drafts_accepted, acceptance_rate, mean_accepted_len, windows,
     draft_ms, verify_ms, rollback_ms, extend_ms (per window), same_tokens}."""
-    import os
-
-    from ._native import StrataError
-    from .generate import end_of_generation_ids, generate
-    from .model import Model
-
-    if not os.path.isfile(path):
-        raise BenchError(f"{path}: no such model file")
     if k < 1 or prompt_tokens < 1 or gen_tokens < 2:
         raise BenchError(f"--mtp must be >= 1, --prompt-tokens >= 1 and --gen-tokens >= 2 (got {k}, {prompt_tokens}, "
                          f"{gen_tokens})")
+    b = _MTPBench(path, k, threads, prompt_tokens, gen_tokens, kv_type, seed, log, f"mtp {k}")
     try:
-        model = Model(path, threads=threads, n_ctx=prompt_tokens + gen_tokens + k + 16, kv_type=kv_type)
-    except (StrataError, ValueError, OSError) as e:
-        raise BenchError(f"Strata could not load {path}: {e}") from None
-    try:
-        if model.n_mtp < 1:
-            raise BenchError(f"{path} has no MTP block: make one with `tools/make_model.py PRESET --mtp` or convert "
-                             f"a checkpoint with its mtp.* tensors")
-        ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
-        ban = {t: -np.inf for t in end_of_generation_ids(model)}
-        sess = model.session()
-        common = dict(max_tokens=gen_tokens, temperature=0, logit_bias=ban, session=sess)
-        log(f"strata: {prompt_tokens}-token prompt (prefilled once, then reused), {gen_tokens} greedy tokens, "
-            f"mtp {k}, {threads} threads, kv {kv_type}")
-        generate(model, ids, max_tokens=1, session=sess)           # the prefill, outside every timed decode
-        plain = generate(model, ids, mtp=0, **common)
-        ref = ids + plain.tokens
+        plain_tps = b.plain.stats.get("decode_tps")
 
         def run(label, hook):
-            c = generate(model, ids, mtp=k, draft_hook=hook, **common)
-            st = c.stats
-            w = max(st.get("mtp_windows", 0), 1)
-            out = {"decode_tps": st.get("decode_tps", 0.0), "same_tokens": c.tokens == plain.tokens,
-                   "drafts_proposed": st.get("drafts_proposed", 0), "drafts_accepted": st.get("drafts_accepted", 0),
-                   "acceptance_rate": st.get("acceptance_rate", 0.0),
-                   "mean_accepted_len": st.get("mean_accepted_len", 0.0), "windows": st.get("mtp_windows", 0),
-                   **{f"{n}_ms": 1e3 * st.get(f"mtp_{n}_s", 0.0) / w for n in ("draft", "verify", "rollback", "extend")}}
-            out["speedup"] = out["decode_tps"] / plain.stats["decode_tps"] if plain.stats.get("decode_tps") else None
+            out = b.run(label, k, hook)
+            out["speedup"] = out["decode_tps"] / plain_tps if plain_tps else None
             log(f"  {label:14s} {out['decode_tps']:8.2f} tok/s  x{out['speedup'] or 0:.2f}  accepted "
                 f"{out['drafts_accepted']}/{out['drafts_proposed']}  mean length {out['mean_accepted_len']:.2f}")
             return out
 
         res = {"settings": {"model": path, "mtp": k, "threads": threads, "prompt_tokens": prompt_tokens,
                             "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed},
-               "plain": {"decode_tps": plain.stats.get("decode_tps", 0.0), "speedup": 1.0, "same_tokens": True}}
+               "plain": {"decode_tps": plain_tps or 0.0, "speedup": 1.0, "same_tokens": True}}
         log(f"  {'mtp 0':14s} {res['plain']['decode_tps']:8.2f} tok/s")
         res["natural"] = run("mtp head", None)
-        forced = []
-        for r in rates:
-            g = np.random.default_rng([seed, int(r * 1000)])
-
-            def hook(pos, draft, r=r, g=g):
-                if pos >= len(ref):
-                    return draft
-                return ref[pos] if g.random() < r else (ref[pos] + 1) % model.n_vocab
-            forced.append({"rate": r, **run(f"forced {r:.2f}", hook)})
-        res["forced"] = forced
-        res["break_even"] = _break_even([(f["rate"], f["speedup"]) for f in forced])
+        res["forced"] = [{"rate": r, **run(f"forced {r:.2f}", b.forced(lambda pos, r=r: r, int(r * 1000)))}
+                         for r in rates]
+        res["break_even"] = _break_even([(f["rate"], f["speedup"]) for f in res["forced"]])
         return res
     finally:
-        model.close()
+        b.model.close()
 
 
 SWITCH_RATES = (0.2, 0.95)    # bench model --mtp auto: the switching schedule's two acceptance rates
@@ -538,61 +566,17 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
     {"settings", "natural": {"auto": RUN, "fixed": {"0": RUN, ...}}, "forced": [{"rate", "auto", "fixed"}],
     "switching": {"auto", "fixed"}}; RUN as bench_mtp's, plus mtp_k (auto's mean k) and vs_best_fixed / vs_each
     (auto's tokens/s over the best fixed k's, and over each)."""
-    import os
-
-    from ._native import StrataError
-    from .generate import end_of_generation_ids, generate
-    from .model import Model
-
-    if not os.path.isfile(path):
-        raise BenchError(f"{path}: no such model file")
     if k_max < 1 or prompt_tokens < 1 or gen_tokens < 2:
         raise BenchError(f"--mtp-max must be >= 1, --prompt-tokens >= 1 and --gen-tokens >= 2 (got {k_max}, "
                          f"{prompt_tokens}, {gen_tokens})")
+    b = _MTPBench(path, k_max, threads, prompt_tokens, gen_tokens, kv_type, seed, log,
+                  f"--mtp auto (max {k_max}) next to fixed k 0..{k_max}", mtp_max=k_max)
     try:
-        model = Model(path, threads=threads, n_ctx=prompt_tokens + gen_tokens + k_max + 16, kv_type=kv_type,
-                      mtp_max=k_max)
-    except (StrataError, ValueError, OSError) as e:
-        raise BenchError(f"Strata could not load {path}: {e}") from None
-    try:
-        if model.n_mtp < 1:
-            raise BenchError(f"{path} has no MTP block: make one with `tools/make_model.py PRESET --mtp` or convert "
-                             f"a checkpoint with its mtp.* tensors")
-        ids = bench_prompt(model.n_vocab, prompt_tokens, seed)
-        ban = {t: -np.inf for t in end_of_generation_ids(model)}
-        sess = model.session()
-        common = dict(max_tokens=gen_tokens, temperature=0, logit_bias=ban, session=sess)
-        log(f"strata: {prompt_tokens}-token prompt (prefilled once, then reused), {gen_tokens} greedy tokens, "
-            f"--mtp auto (max {k_max}) next to fixed k 0..{k_max}, {threads} threads, kv {kv_type}")
-        generate(model, ids, max_tokens=1, session=sess)           # the prefill, outside every timed decode
-        plain = generate(model, ids, mtp=0, **common)
-        ref = ids + plain.tokens
-
         def run(label, mtp, make_hook):
-            c = generate(model, ids, mtp=mtp, draft_hook=make_hook() if make_hook else None, **common)
-            st = c.stats
-            w = max(st.get("mtp_windows", 0), 1)
-            out = {"decode_tps": st.get("decode_tps", 0.0), "same_tokens": c.tokens == plain.tokens,
-                   "drafts_proposed": st.get("drafts_proposed", 0), "drafts_accepted": st.get("drafts_accepted", 0),
-                   "acceptance_rate": st.get("acceptance_rate", 0.0),
-                   "mean_accepted_len": st.get("mean_accepted_len", 0.0), "windows": st.get("mtp_windows", 0),
-                   **{f"{n}_ms": 1e3 * st.get(f"mtp_{n}_s", 0.0) / w for n in ("draft", "verify", "rollback", "extend")}}
-            if mtp == "auto":
-                out["mtp_k"] = st.get("mtp_k", 0.0)
+            out = b.run(label, mtp, make_hook() if make_hook else None)
             log(f"  {label:22s} {out['decode_tps']:8.2f} tok/s  accepted {out['drafts_accepted']}/"
                 f"{out['drafts_proposed']}" + (f"  mean k {out['mtp_k']:.2f}" if mtp == "auto" else ""))
             return out
-
-        def forced_hook(rate_at, tag):
-            def make():
-                g = np.random.default_rng([seed, tag])
-
-                def hook(pos, draft):
-                    if pos >= len(ref):
-                        return draft
-                    return ref[pos] if g.random() < rate_at(pos) else (ref[pos] + 1) % model.n_vocab
-                return hook
-            return make
 
         def side_by_side(name, make_hook):
             row = {"auto": run(f"{name} auto", "auto", make_hook),
@@ -607,16 +591,15 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
                             "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed,
                             "switch_rates": list(SWITCH_RATES), "switch_every": SWITCH_EVERY}}
         res["natural"] = side_by_side("head's own", None)
-        res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}", forced_hook(lambda pos, r=r: r, int(r * 1000)))}
+        res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}",
+                                                    lambda r=r: b.forced(lambda pos: r, int(r * 1000)))}
                          for r in rates]
-        start = len(ids)
-
-        def switching(pos):
-            return SWITCH_RATES[((pos - start) // SWITCH_EVERY) % 2]
-        res["switching"] = side_by_side("switching", forced_hook(switching, 7777))
+        start = len(b.ids)
+        res["switching"] = side_by_side("switching", lambda: b.forced(
+            lambda pos: SWITCH_RATES[((pos - start) // SWITCH_EVERY) % 2], 7777))
         return res
     finally:
-        model.close()
+        b.model.close()
 
 
 def format_mtp_auto_table(res: dict) -> str:

@@ -21,9 +21,9 @@ How it works (vLLM's continuous batching, on generate.py's own request loop):
     from what is left of `token_budget` (at least a few tokens per step, so a prompt always advances),
     so a long prompt does not stall the requests that are decoding. With `itl_factor` X, while requests
     decode the pieces are also sized from live costs so that a step takes about X times a step of the
-    decode tokens alone: the engine measures the native time of decode-only steps and the time each
-    prefill token adds (moving averages; the latter grows with the prompt's context), and gives the
-    prompts (X - 1) x decode-step / per-token-cost tokens (at least 1).
+    decode tokens alone: the engine measures the native time of decode-only steps (the median of the
+    last DECODE_WINDOW) and the time each prefill token adds (a moving average: it grows with the
+    prompt's context), and gives the prompts (X - 1) x decode-step / per-token-cost tokens (at least 1).
   - Batch-invariant: a sequence's logits are bit-identical whichever sequences share its steps
     (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and a prompt's
     pieces, of any length, give the bits of one evaluation of the whole prompt: each piece but the
@@ -52,7 +52,7 @@ import numpy as np
 from . import trace
 from ._native import StrataError
 from .generate import Completion, _check_fits, _loop, end_of_generation_ids, prompt_ids
-from .mtp import AUTO, parse_mtp
+from .mtp import AUTO, MTP_MAX_DEFAULT, parse_mtp
 from .sampling import Sampler, SamplingParams
 
 MAX_SEQS_DEFAULT = 16
@@ -296,6 +296,8 @@ class Engine:
         costs, module docstring; > 1; None: the budget alone)."""
         self.model = model
         self.mtp = parse_mtp(getattr(model, "mtp", 0) if mtp is None else mtp)
+        # the longest decode evaluation: a verify window of the most drafts (what _learn_costs counts as decode)
+        self._window_max = 1 + (getattr(model, "mtp_max", MTP_MAX_DEFAULT) if self.mtp == AUTO else self.mtp)
         self.watchdog_s = trace.watchdog_seconds(watchdog_s)
         self.step_cap = min(512, int(getattr(model, "prefill_chunk", 512)))   # Model's n_ubatch
         chunk = self.step_cap if prefill_chunk is None else int(prefill_chunk)
@@ -631,8 +633,7 @@ class Engine:
         DECODE_WINDOW), and what each prefill token adds to it (a moving average, a fifth of each new step)."""
         pre = sum(b - a for _, a, b, sh, _ in batch if not sh)
         short = [b - a for _, a, b, sh, _ in batch if sh]
-        window = getattr(self.model, "mtp_max", 3) if self.mtp == AUTO else self.mtp
-        if not short or max(short) > window + 1:
+        if not short or max(short) > self._window_max:
             return              # no decoders, or a short prompt among them: not what a decode step costs
         if pre == 0:       # the median of the recent ones: a cold first step or a noisy one does not count
             self._decode_times.append(dt)

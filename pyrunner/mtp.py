@@ -68,7 +68,9 @@ class MTPDecoder:
         sess.set_spec_max(self.k + 1)
         self.draft_logits: np.ndarray | None = None   # the MTP row of position p-1 (drafts d1)
         self.chain: np.ndarray | None = None          # its chain state
-        self._rows: tuple | None = None                # prompt rows waiting for the first extend
+        # rows waiting for the head: (list of row arrays, the token after each but the last, first position,
+        # whether they are the prompt's); None: none wait
+        self._rows: tuple | None = None
         self._last: tuple | None = None                # the last window: (p, logits, hidden) for truncate()
         self.proposed = self.accepted = self.windows = self.full = 0
         self.plain_steps = 0
@@ -87,7 +89,17 @@ class MTPDecoder:
         if prev is not None and reused > 0:
             rows = np.concatenate([np.asarray(prev, np.float32)[None, :], rows])
             p0 = reused - 1
-        self._rows = (rows, [int(t) for t in ids[p0 + 1:]], p0)
+        self._rows = ([rows], [int(t) for t in ids[p0 + 1:]], p0, True) if len(rows) else None
+
+    def _flush(self, x: int) -> None:
+        """The head over the waiting rows, x being the token after the last (the prompt's extend is timed
+        apart: --mtp auto leaves it out of a window's time)."""
+        rows, nxt, p0, prompt = self._rows
+        self._rows = None
+        t = time.perf_counter()
+        self._extend(np.concatenate(rows), nxt + [x], p0)
+        if prompt:
+            self.prompt_extend_s += time.perf_counter() - t
 
     def _extend(self, rows: np.ndarray, next_ids: list[int], p0: int) -> None:
         if len(rows) == 0:
@@ -120,12 +132,7 @@ class MTPDecoder:
         sess = self.sess
         p = sess.n_past
         if self._rows is not None:                    # the prompt's (or plain steps') rows, now that x is known
-            rows, nxt, p0 = self._rows
-            self._rows = None
-            t = time.perf_counter()
-            self._extend(np.concatenate(rows) if isinstance(rows, list) else rows, nxt + [x], p0)
-            if not isinstance(rows, list):
-                self.prompt_extend_s += time.perf_counter() - t
+            self._flush(x)
         k = self.k if k is None else max(0, min(int(k), self.k))
         # draft
         t0 = time.perf_counter()
@@ -202,23 +209,18 @@ class MTPDecoder:
         drafts may be worse for it, never wrong, since the verify window decides."""
         sess = self.sess
         p = sess.n_past
-        if self._rows is not None and len(self._rows[0]) == 0:
-            self._rows = None                         # a prompt held whole: no rows wait
-        if self._rows is not None:                    # complete the waiting rows with x
-            rows, nxt, p0 = self._rows
+        if self._rows is not None and self._rows[3]:
+            self._flush(x)                            # the prompt's: as the first window would
+        elif self._rows is not None:                  # complete the waiting rows with x, keep the last few
+            rows, nxt, p0, _ = self._rows
             nxt.append(x)
-            if not isinstance(rows, list):            # the prompt's: as the first window would
-                self._rows = None
-                t = time.perf_counter()
-                self._extend(rows, nxt, p0)
-                self.prompt_extend_s += time.perf_counter() - t
-            elif len(rows) >= REFRESH_ROWS:
+            if len(rows) >= REFRESH_ROWS:
                 del rows[0], nxt[0]
-                self._rows = (rows, nxt, p0 + 1)
+                self._rows = (rows, nxt, p0 + 1, False)
         logits, hid = sess.eval([x], hidden=True)
         row = hid.reshape(1, -1)
         if self._rows is None:
-            self._rows = ([row], [], p)
+            self._rows = ([row], [], p, False)
         else:
             self._rows[0].append(row)
         self.draft_logits = self.chain = None         # stale now: the next round extends first

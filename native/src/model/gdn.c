@@ -16,11 +16,11 @@
  *
  * An open chunk (STRATA_EVAL_CONTINUED, strata.h): a prompt evaluated in pieces that do not end on
  * 64-token chunk boundaries gives the bits of one evaluation when the partial chunk at a piece's end is
- * left open: its rows (normalised q, k, v, β, g) are kept in the layer state and the recurrent state
- * stays at the chunk's start; the next piece runs them again in front of its own rows, so the chunk is
- * solved as one unit. Within a chunk, row i's outputs read rows <= i only (the triangular solve, the
- * running sum of g, the masked products), so the kept rows' outputs are not needed again and are
- * skipped; only the state update at the chunk's end reads every row.
+ * left open and the recurrent state stays at the chunk's start. Within a chunk, row i reads rows <= i
+ * only (the triangular solve, the running sum of g, the masked products), so what the rows solved so
+ * far is kept in the layer state (their normalised k; per value head U before V', W, V' and the running
+ * sum of g) and the next piece solves its own rows on from them, the chunk as one unit; the kept rows'
+ * outputs were given before and are skipped. Only the state update at the chunk's end reads every row.
  */
 #include "model.h"
 

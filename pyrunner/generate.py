@@ -95,7 +95,9 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s",
               # mtp "auto" (mtp.DraftPolicy): the drafts per window chosen, averaged over the request's
               # windows and plain steps, how many windows ran each k, and the windows where the choice changed
-              "mtp_k", "mtp_k_windows", "mtp_k_changes")
+              "mtp_k", "mtp_k_windows", "mtp_k_changes",
+              # the expert store's RAM slots (issue 20): present with direct expert reads
+              "ram_hits", "ram_lookups", "ram_hit_rate", "ram_miss_bytes", "storage_read_bytes", "expert_read_s")
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
@@ -265,6 +267,40 @@ def _offload_stats(model, before: dict | None) -> dict:
     return out
 
 
+def _proc_read_bytes() -> int:
+    """Bytes this process caused to be read from storage (read_bytes of /proc/self/io: O_DIRECT reads and
+    page-cache misses alike); 0 where the file is missing."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _store_begin(model) -> dict | None:
+    st = model.store_stats() if hasattr(model, "store_stats") else None
+    if not st or not st["active"]:
+        return None
+    st["storage_read_bytes"] = _proc_read_bytes()
+    return st
+
+
+def _store_stats(model, before: dict | None) -> dict:
+    """This request's share of the expert store's counters (DESIGN §9: ram_hits, ram_miss_bytes,
+    storage_read_bytes), with ram_lookups and ram_hit_rate; {} with expert_io mmap."""
+    if before is None:
+        return {}
+    now = model.store_stats()
+    out = {k: now[k] - before[k] for k in ("ram_hits", "ram_lookups", "ram_miss_bytes")}
+    out["ram_hit_rate"] = out["ram_hits"] / out["ram_lookups"] if out["ram_lookups"] else 0.0
+    out["storage_read_bytes"] = _proc_read_bytes() - before["storage_read_bytes"]
+    out["expert_read_s"] = now["read_s"] - before["read_s"]
+    return out
+
+
 def _controller(model):
     """The model's PCIe-share controller (Model.controller), or None where there is none (cpu device, a
     fixed pcie_frac, or a stand-in model without one)."""
@@ -353,6 +389,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     _check_fits(model, ids)
     limit = None if max_tokens is None or max_tokens < 0 else int(max_tokens)
     off0 = model.offload_stats() if hasattr(model, "offload_stats") else None
+    xs0 = _store_begin(model)
     ple0 = sess.stats() if getattr(model, "has_ple", False) and hasattr(sess, "stats") else None
     ctl = _controller(model) if off0 is not None else None
     policy = None
@@ -380,6 +417,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
         if not isinstance(e, trace.WatchdogError):
             raise
         stats.update(_offload_stats(model, off0))      # nothing was sampled; the state is unknown
+        stats.update(_store_stats(model, xs0))
         return StepsEnd("error", stats, str(e))
     if reused < len(ids):
         dt = time.perf_counter() - t0
@@ -451,6 +489,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     if policy is not None:
         stats.update(policy.stats())
     stats.update(_offload_stats(model, off0))
+    stats.update(_store_stats(model, xs0))
     if ple0 is not None:
         ple1 = sess.stats()
         stats.update({k: ple1[k] - ple0[k] for k in _PLE_KEYS})

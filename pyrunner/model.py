@@ -34,6 +34,17 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
                  "cache_group_lookups": "cache_group_lookups"}
 
 
+EXPERT_IO = {"auto": lib.STRATA_EXPERT_IO_AUTO, "mmap": lib.STRATA_EXPERT_IO_MMAP, "direct": lib.STRATA_EXPERT_IO_DIRECT}
+EXPERT_IO_BACKENDS = {"auto": 0, "io_uring": 1, "pread": 2}
+_STORE_KEYS = ("active", "ram_slots", "ram_bytes", "ram_lookups", "ram_hits", "ram_groups", "ram_group_hits",
+               "ram_miss_bytes", "read_bytes", "reads", "evictions", "bypassed", "read_s")
+
+
+def cache_policies() -> list[str]:
+    """The replacement policies of the expert store's RAM slots (--cache-policy), the default first."""
+    return ffi.string(lib.strata_cache_policies()).decode().split(",")
+
+
 PLE_MODES = {"auto": lib.STRATA_PLE_AUTO, "mmap": lib.STRATA_PLE_MMAP, "direct": lib.STRATA_PLE_DIRECT}
 
 
@@ -95,7 +106,9 @@ class Model:
                  prefill_stream_min: int | None = None, expert_pack: str | None = "auto", *,
                  max_swaps: int | None = None,
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
-                 ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3):
+                 ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
+                 expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
+                 expert_io_depth: int | None = None, expert_io_backend: str = "auto"):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -119,6 +132,13 @@ class Model:
         per verify window generate() uses with the model's MTP head ("auto", the default: chosen window by
         window, 0 to mtp_max, from the costs and acceptance the request measures, pyrunner.mtp.DraftPolicy;
         a count; 0: off); a model without a head decodes without drafts whatever it says.
+        expert_io: how routed experts are read ("mmap": in place through the page cache; "direct": O_DIRECT
+        reads into RAM slots the engine owns, a replacement policy keeping the hot ones; "auto", the
+        default: direct when the experts do not fit in the RAM the process may use — Model.store_log says
+        what was chosen and why); ram_gib: the RAM slots' budget (None: what the process may use, minus
+        dense weights, state and a margin); cache_policy: their replacement policy (None: the default;
+        pyrunner.model.cache_policies() lists them); expert_io_depth: reads in flight (default 32);
+        expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread".
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -140,6 +160,17 @@ class Model:
             raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
         if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
+        if expert_io not in EXPERT_IO:
+            raise ValueError(f"expert_io {expert_io!r}: choose one of {', '.join(EXPERT_IO)}")
+        if expert_io_backend not in EXPERT_IO_BACKENDS:
+            raise ValueError(f"expert_io_backend {expert_io_backend!r}: choose one of {', '.join(EXPERT_IO_BACKENDS)}")
+        if ram_gib is not None and ram_gib <= 0:
+            raise ValueError(f"ram_gib must be > 0 (got {ram_gib})")
+        if ram_gib is not None and expert_io == "mmap":
+            raise ValueError("ram_gib sizes the RAM slots of expert_io 'direct' (or 'auto'); with 'mmap' the page "
+                             "cache holds the experts")
+        if cache_policy is not None and cache_policy not in cache_policies():
+            raise ValueError(f"cache_policy {cache_policy!r}: choose one of {', '.join(cache_policies())}")
         if not os.path.exists(path):
             raise FileNotFoundError(f"model file {path!r} does not exist")
         self.path = path
@@ -202,11 +233,25 @@ class Model:
                 raise ValueError(f"max_swaps must be >= 0 (got {max_swaps})")
             p.max_swaps = int(max_swaps)
         self.expert_pack = None
-        if expert_pack is not None and device != "cpu":
+        if expert_pack is not None and device != "cpu" and expert_io != "direct":   # direct reads the GGUF
             from . import expert_pack as xp
             self.expert_pack = xp.ensure(path) if expert_pack == "auto" else os.fspath(expert_pack)
             self._pack_arg = ffi.new("char[]", self.expert_pack.encode())   # lives as long as the load
             p.expert_pack = self._pack_arg
+        p.expert_io = EXPERT_IO[expert_io]
+        p.expert_io_backend = EXPERT_IO_BACKENDS[expert_io_backend]
+        if ram_gib is not None:
+            p.ram_bytes = int(ram_gib * (1 << 30))
+        if cache_policy is not None:
+            self._policy_arg = ffi.new("char[]", cache_policy.encode())   # read during the load only
+            p.cache_policy = self._policy_arg
+        if expert_io_depth is not None:
+            if expert_io_depth < 1:
+                raise ValueError(f"expert_io_depth must be >= 1 (got {expert_io_depth})")
+            p.expert_io_depth = int(expert_io_depth)
+        short_at = settings.expert_io_test_short_read_at()
+        if short_at is not None:
+            p.expert_io_test_short_read_at = int(short_at)
         if repack is not None:
             lib.strata_set_repack(int(bool(repack)))
         out = ffi.new("strata_model **")
@@ -288,6 +333,19 @@ class Model:
         out["slot_bytes"] = int(st.slot_bytes)
         out["probe_gbps"] = float(st.probe_gbps)
         return out
+
+    @property
+    def store_log(self) -> str:
+        """How routed experts are read (mmap or direct, and why), and the expert store's RAM slots."""
+        return ffi.string(lib.strata_model_store_log(self._ptr)).decode()
+
+    def store_stats(self) -> dict:
+        """Cumulative counters of the expert store's RAM slots since load (zeros with expert_io mmap): DESIGN
+        §9's ram_hits and ram_miss_bytes, with ram_lookups, ram_groups, ram_group_hits, read_bytes (asked of
+        storage), reads, evictions, bypassed, read_s, ram_slots, ram_bytes and active."""
+        st = ffi.new("strata_store_stats *")
+        check(lib.strata_model_store_stats(self._ptr, st))
+        return {k: (float(getattr(st, k)) if k == "read_s" else int(getattr(st, k))) for k in _STORE_KEYS}
 
     def trace_routing(self, path) -> None:
         """Write every MoE layer's routing per window to `path` as JSON lines (None stops); the

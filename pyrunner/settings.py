@@ -22,6 +22,8 @@ environment as it is then (tests set variables with monkeypatch).
     STRATA_PLE_STEP_TIMEOUT    strata_model_params.ple_step_timeout_s       Model(ple_step_timeout_s=None)
     STRATA_PLE_TEST_STALL_MS   strata_model_params.ple_test_stall_ms        Model (test hook)
     STRATA_PLE_TEST_STALL_AT   strata_model_params.ple_test_stall_at        Model (test hook)
+    STRATA_EXPERT_IO_TEST_SHORT_AT  strata_model_params.                    Model (test hook)
+                               expert_io_test_short_read_at
     STRATA_WATCHDOG_S          the request watchdog (strata_watchdog_set)   trace.watchdog_seconds(None)
     STRATA_GEMM                strata_set_gemm_from (0 off, N every type    _native, at import
                                from N columns on; a measuring knob)
@@ -54,6 +56,7 @@ PLE_PREFETCH = "STRATA_PLE_PREFETCH"
 PLE_STEP_TIMEOUT = "STRATA_PLE_STEP_TIMEOUT"
 PLE_TEST_STALL_MS = "STRATA_PLE_TEST_STALL_MS"
 PLE_TEST_STALL_AT = "STRATA_PLE_TEST_STALL_AT"
+EXPERT_IO_TEST_SHORT_AT = "STRATA_EXPERT_IO_TEST_SHORT_AT"
 WATCHDOG_S = "STRATA_WATCHDOG_S"
 GEMM = "STRATA_GEMM"
 REPACK = "STRATA_REPACK"
@@ -126,6 +129,11 @@ def threads() -> int | None:
 
 def tail_skip() -> int | None:
     return _int(ROUTE_TAIL_SKIP, "a rank (0 = off)")
+
+
+def expert_io_test_short_read_at() -> int | None:
+    """STRATA_EXPERT_IO_TEST_SHORT_AT=N: a test hook, the expert store's N-th read comes back short."""
+    return _int(EXPERT_IO_TEST_SHORT_AT, "a read number (1-based)")
 
 
 def sim_link_gbps() -> float | None:

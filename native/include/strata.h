@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 7
+#define STRATA_ABI_VERSION 8
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -389,7 +389,28 @@ typedef struct strata_model_params {
                                   300; <= 0 means the default */
     uint32_t ple_test_stall_ms;/* test hook: the worker sleeps this long before publishing a step; default 0 */
     uint64_t ple_test_stall_at;/* test hook: only worker step (seq) N stalls; default 0 = every step */
+    /* The expert store (issue 20): RAM slots over the model file. */
+    int32_t expert_io;         /* strata_expert_io; default STRATA_EXPERT_IO_AUTO */
+    uint64_t ram_bytes;        /* RAM slots for routed experts with direct reads; 0 = what the process may
+                                  use (the cgroup limit or MemAvailable) minus dense weights, one session's
+                                  state and a margin */
+    const char *cache_policy;  /* replacement policy of the RAM slots; NULL or "" = the default
+                                  (strata_cache_policies lists them). Only read during strata_model_load. */
+    int32_t expert_io_depth;   /* reads in flight; default 32 */
+    int32_t expert_io_backend; /* 0 (default): io_uring, else pread threads; 1: io_uring only; 2: pread threads */
+    uint64_t expert_io_test_short_read_at; /* test hook: the N-th read (1-based) comes back short; 0 = never */
 } strata_model_params;
+
+/* How routed experts are read (issue 20). MMAP: in place from the file's mapping, through the page
+ * cache (the default when they fit in the RAM the process may use). DIRECT: O_DIRECT reads of each
+ * expert into RAM slots the engine owns, on demand, never through the page cache; a replacement
+ * policy keeps the hot ones. AUTO picks DIRECT when the experts do not fit; strata_model_store_log
+ * says what was chosen and why. */
+typedef enum strata_expert_io {
+    STRATA_EXPERT_IO_AUTO = 0,
+    STRATA_EXPERT_IO_MMAP = 1,
+    STRATA_EXPERT_IO_DIRECT = 2
+} strata_expert_io;
 
 typedef enum strata_device {
     STRATA_DEVICE_CPU = 0,
@@ -468,6 +489,30 @@ strata_status strata_model_device_events(strata_model *m, const char *path);
 /* One line on how the offload engine was set up (device, slots, probe, pcie_frac, tail skip and
  * why); static until the model is freed. */
 const char *strata_model_offload_log(const strata_model *m);
+
+/* The expert store's counters since load (cumulative; zeros and active = 0 with expert_io mmap).
+ * Lookups and hits count routed picks, as the device cache's do. */
+typedef struct strata_store_stats {
+    int32_t active;          /* 1: DIRECT (RAM slots over the file) */
+    int32_t ram_slots;       /* experts the RAM slots hold (the policy's and one layer's scratch) */
+    uint64_t ram_bytes;      /* bytes of RAM slots */
+    uint64_t ram_lookups;
+    uint64_t ram_hits;
+    uint64_t ram_groups;     /* (window, layer, expert) groups looked up */
+    uint64_t ram_group_hits;
+    uint64_t ram_miss_bytes; /* bytes of the experts that were not in RAM */
+    uint64_t read_bytes;     /* bytes asked of storage (aligned supersets of the missed experts) */
+    uint64_t reads;          /* read requests */
+    uint64_t evictions;
+    uint64_t bypassed;       /* misses the policy did not keep */
+    double read_s;           /* wall time waiting for reads */
+} strata_store_stats;
+strata_status strata_model_store_stats(strata_model *m, strata_store_stats *out);
+/* One line: the access mode chosen and why, the budget, slots, policy, read backend. Static until the
+ * model is freed. */
+const char *strata_model_store_log(const strata_model *m);
+/* The replacement policies the RAM slots accept (comma-separated, the default first). */
+const char *strata_cache_policies(void);
 
 /* Writes the routing of every MoE layer and window to path as JSON lines (pyrunner/cachesim.py
  * documents the format; `strata cache-sim` replays it); NULL stops and closes the file. */

@@ -76,6 +76,9 @@ strata_status gguf_parse(gguf_file *f, int32_t split);
 /* Frees the tables gguf_parse allocated (not the mapping or the name). */
 void gguf_file_free_tables(gguf_file *f);
 
+/* The file behind split `split` (NULL when out of range or not a file: a buffer from the caller). */
+const char *gguf_split_path(const strata_gguf *g, int32_t split);
+
 /* Byte size of a scalar GGUF value type, 0 for STRING/ARRAY/unknown. */
 uint32_t gguf_scalar_size(uint32_t type);
 

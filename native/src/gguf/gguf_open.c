@@ -435,3 +435,8 @@ strata_status strata_gguf_find_tensor(const strata_gguf *g, const char *name, in
     *index = i;
     return STRATA_OK;
 }
+
+const char *gguf_split_path(const strata_gguf *g, int32_t split) {
+    if (!g || split < 0 || split >= g->n_files || !g->files[split].mapped) return NULL;
+    return g->files[split].name;
+}

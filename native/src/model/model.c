@@ -56,6 +56,8 @@ strata_model_params strata_model_default_params(void) {
     p.ple_step_timeout_s = pp.step_timeout_s;
     p.ple_test_stall_ms = pp.test_stall_ms;
     p.ple_test_stall_at = pp.test_stall_at;
+    p.expert_io = STRATA_EXPERT_IO_AUTO;
+    p.expert_io_depth = 32;
     return p;
 }
 
@@ -89,6 +91,7 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     mdl_for_each_mat(m, widest_conv, m);
     m->repack_bytes *= (uint64_t)m->params.n_threads;
     pthread_mutex_init(&m->trace_mu, NULL);
+    if ((rc = mdl_store_open(m))) goto fail;
     if ((rc = mdl_offload_open(m))) goto fail;
     *out = m;
     return STRATA_OK;
@@ -108,6 +111,7 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 void strata_model_free(strata_model *m) {
     if (!m) return;
     mdl_offload_close(m);
+    mdl_store_close(m);
     if (m->trace) fclose(m->trace);
     mdl_model_release(m);
     strata_context_free(m->ctx);

@@ -29,6 +29,7 @@
 #include "quant/quant.h"
 #include "util/threadpool.h"
 #include "moe/offload.h"
+#include "moe/xstore.h"
 
 #define MDL_MAX_NGRAM 8
 #define MDL_MAX_PLE_HEADS 64
@@ -146,6 +147,8 @@ struct strata_model {
     uint64_t weight_bytes;
     uint64_t repack_bytes;     /* strata_model_info.repack_bytes (model.c) */
     off_engine *off;           /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
+    xs_store *xs;              /* expert store's RAM tier (moe/xstore.h); NULL: experts read in place (mmap) */
+    char store_log[1400];       /* strata_model_store_log */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
     uint64_t trace_window;
@@ -275,6 +278,10 @@ void mdl_for_each_mat(strata_model *m, void (*fn)(mdl_mat *w, void *arg), void *
  * the plain CPU path: device cpu without tail skip); close frees it (before the weights go). */
 strata_status mdl_offload_open(strata_model *m);
 void mdl_offload_close(strata_model *m);
+/* The expert store (store.c, moe/xstore.h): with expert_io DIRECT (or AUTO choosing it) routed experts
+ * are read into RAM slots on demand; m->xs stays NULL with mmap. */
+strata_status mdl_store_open(strata_model *m);
+void mdl_store_close(strata_model *m);
 
 /* spec.c: the state after token t of a KEEP_STATES window goes to slot t */
 static inline int mdl_spec_active(const strata_session *s) { return s->spec_on; }

@@ -100,6 +100,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
     uint64_t cpu_groups = 0, cpu_bytes = 0;
+    int32_t *xidx = NULL;           /* expert store: [Ne] index of expert e in the acquired list, then scratch */
+    const char **xptr = NULL;       /* expert store: where each acquired expert's pieces are */
+    const char **xsrc = NULL;       /* expert store + device: [Ne * 3] the copied groups' sources (plan->src) */
+    int xs_held = 0;                /* the store's lock is held (xs_acquire .. xs_release) */
     strata_status rc = STRATA_OK;
     if (!logits || !pick || !pw || !count || !slot || !tok || !xg || !gu || !hb || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
@@ -158,9 +162,50 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     if (m->off && trunk) {
         plan = off_begin(m->off, il, L, count, pick);
         kind = plan->kind;
-        if ((rc = off_submit(plan, xg, out))) goto done;
     }
     if (m->trace && trunk) trace_routing(m, il, L, K, pick, pw, Ne, kind);   /* the trace is the trunk's routing */
+    /* expert store (direct reads): the CPU pool's groups compute from RAM slots, read in first, and
+     * the device's copies of missing groups come from them too */
+    if (m->xs) {
+        xidx = malloc((size_t)Ne * 3 * sizeof(int32_t));
+        xptr = malloc((size_t)Ne * XS_MAX_PARTS * sizeof *xptr);
+        if (!xidx || !xptr) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
+        int32_t *xe = xidx + Ne, *xpk = xidx + 2 * Ne;
+        for (int64_t e = 0; e < Ne; e++) xidx[e] = (int32_t)K;        /* best rank so far */
+        for (int64_t i = 0; i < L * K; i++)
+            if (i % K < xidx[pick[i]]) xidx[pick[i]] = (int32_t)(i % K);
+        /* xe: the experts, then their best ranks (reusing xidx's tail) */
+        int32_t n_x = 0;
+        for (int64_t e = 0; e < Ne; e++) {
+            const int64_t n = count[e + 1] - count[e];
+            if (!n || (kind && kind[e] != OFF_CPU && kind[e] != OFF_ADMIT && kind[e] != OFF_STAGE)) continue;
+            xe[n_x] = (int32_t)e;
+            xpk[n_x] = (int32_t)n;
+            n_x++;
+        }
+        int32_t *xrk = malloc((size_t)(n_x ? n_x : 1) * sizeof *xrk);
+        if (!xrk) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
+        for (int32_t i = 0; i < n_x; i++) xrk[i] = xidx[xe[i]];
+        for (int64_t e = 0; e < Ne; e++) xidx[e] = -1;
+        for (int32_t i = 0; i < n_x; i++) xidx[xe[i]] = i;
+        rc = xs_acquire(m->xs, il, xe, xpk, xrk, n_x, xptr);
+        free(xrk);
+        if (rc) goto done;
+        xs_held = 1;
+        if (plan) {
+            xsrc = calloc((size_t)Ne * 3, sizeof *xsrc);
+            if (!xsrc) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
+            for (int32_t i = 0; i < n_x; i++) {
+                const int32_t e = xe[i];
+                if (kind[e] != OFF_ADMIT && kind[e] != OFF_STAGE) continue;
+                xsrc[e * 3] = xptr[i * XS_MAX_PARTS];
+                xsrc[e * 3 + 1] = l->exp_fused ? NULL : xptr[i * XS_MAX_PARTS + 1];
+                xsrc[e * 3 + 2] = xptr[i * XS_MAX_PARTS + (l->exp_fused ? 1 : 2)];
+            }
+            plan->src = xsrc;
+        }
+    }
+    if (plan && (rc = off_submit(plan, xg, out))) goto done;
     const double t_cpu = now_s();
     int nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
@@ -169,7 +214,11 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         cpu_groups++;
         cpu_bytes += (uint64_t)(l->exp_gate.mat_bytes + (l->exp_fused ? 0 : l->exp_up.mat_bytes) + l->exp_down.mat_bytes);
         mm[nm_++] = item_of(&l->exp_gate, e, xg + r0 * E, u, tok + r0, n, gu + r0 * 2 * Fe);
-        if (!l->exp_fused) mm[nm_++] = item_of(&l->exp_up, e, xg + r0 * E, u, tok + r0, n, gu + r0 * 2 * Fe + n * Fe);
+        if (xptr) mm[nm_ - 1].w = xptr[xidx[e] * XS_MAX_PARTS];
+        if (!l->exp_fused) {
+            mm[nm_++] = item_of(&l->exp_up, e, xg + r0 * E, u, tok + r0, n, gu + r0 * 2 * Fe + n * Fe);
+            if (xptr) mm[nm_ - 1].w = xptr[xidx[e] * XS_MAX_PARTS + 1];
+        }
     }
     mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
     mm[nm_++] = item(&l->sh_up, 0, u, L, su);
@@ -195,7 +244,9 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (n && !(kind && kind[e] != OFF_CPU)) mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
+        if (!n || (kind && kind[e] != OFF_CPU)) continue;
+        mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
+        if (xptr) mm[nm_ - 1].w = xptr[xidx[e] * XS_MAX_PARTS + (l->exp_fused ? 1 : 2)];
     }
     mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
     if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done;
@@ -209,6 +260,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         plan = NULL;                /* finished (and unlocked) whatever off_finish returns */
         if ((rc = off_finish(p, now_s() - t_cpu, cpu_groups, cpu_bytes))) goto done;
     }
+    /* after off_finish: it waited for the device's copies out of the RAM slots */
+    if (xs_held) { xs_release(m->xs); xs_held = 0; }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
     memset(y, 0, (size_t)(L * E) * sizeof(float));
     for (int64_t e = 0; e < Ne; e++) {
@@ -240,6 +293,8 @@ done:
         /* an error between off_begin and off_finish: drain the device before the buffers go */
         (void)off_finish(plan, 0.0, 0, 0);
     }
+    if (xs_held) xs_release(m->xs);
     free(logits); free(pick); free(pw); free(count); free(slot); free(tok); free(xg); free(gu); free(hb); free(out); free(mm);
+    free(xidx); free(xptr); free(xsrc);
     return rc;
 }

@@ -256,7 +256,8 @@ strata_status off_create(const off_params *p, const off_layer_desc *layers, off_
              o->dev ? mdev_name(o->dev) : "cpu", o->n_cache_slots, (double)o->slot_bytes / (1 << 20), 100.0 * covered,
              o->n_staging, o->probe_gbps, o->pcie_frac, o->tail_skip_why,
              o->tail_skip ? (o->tail_skip == 7 ? " (rank >= 7)" : " (custom rank)") : "",
-             o->pack ? "the expert pack (one blob per expert)" : "the GGUF (three pieces per expert)");
+             p->no_swaps ? "the expert store's RAM slots (direct reads; admission only, no swaps)"
+             : o->pack ? "the expert pack (one blob per expert)" : "the GGUF (three pieces per expert)");
     *out = o;
     return STRATA_OK;
 fail:
@@ -429,6 +430,13 @@ strata_status off_submit(off_plan *pl, const float *xg, float *out) {
         size_t bytes[3];
         uint64_t cs;
         expert_src(o, il, (int32_t)e, src, bytes);
+        if (pl->src) {             /* from the expert store's RAM slots: the three pieces */
+            const mdev_expert_shape *sh = &o->layer[il].shape;
+            for (int q = 0; q < 3; q++) src[q] = pl->src[e * 3 + q];
+            bytes[0] = sh->gate_bytes;
+            bytes[1] = sh->fused ? 0 : sh->up_bytes;
+            bytes[2] = sh->down_bytes;
+        }
         if ((rc = mdev_copy(o->dev, slot[e], src, bytes, o->slot_use[slot[e]], &cs))) return rc;
         if (kind[e] == OFF_ADMIT && (rc = add_pending(o, slot[e], cs))) return rc;
         o->pcie_groups++;
@@ -478,7 +486,7 @@ strata_status off_finish(off_plan *pl, double cpu_s, uint64_t cpu_groups, uint64
     o->cpu_s += cpu_s;
     o->cpu_groups += cpu_groups;
     o->cpu_bytes += cpu_bytes;
-    if (o->ec && il == o->n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
+    if (o->ec && !o->p.no_swaps && il == o->n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
         ec_swap *sw = o->swaps;
         const int n = ec_plan_round(o->ec, sw, o->max_swaps);
         if (trc_on()) {

@@ -66,6 +66,9 @@ typedef struct off_params {
     int32_t max_swaps;         /* swaps per adjustment round; <= 0: the cache's default (96) */
     int32_t isa;               /* STRATA_ISA_IDX_*: kernels the sim device computes with */
     const char *expert_pack;   /* NULL or "": copy the pieces from the descriptors' sources */
+    int32_t no_swaps;          /* 1: no adjustment rounds: the cache fills by admission only (the expert
+                                  store's direct reads: a swap's copy, landing later, would read a RAM
+                                  slot the store may reuse first) */
 } off_params;
 
 typedef struct off_engine off_engine;
@@ -84,6 +87,9 @@ typedef struct off_plan {
     int8_t *kind;              /* [n_expert] OFF_* */
     int32_t *slot;             /* [n_expert] device slot of the DEVICE / ADMIT / STAGE groups */
     uint64_t seq;              /* the last device computation queued (0: none) */
+    const char *const *src;    /* NULL, or the caller's [n_expert * 3] sources of the ADMIT / STAGE groups'
+                                  copies (gate or gate_up, up or NULL, down): the expert store's RAM
+                                  slots, valid until off_finish returns (it waits for the device) */
 } off_plan;
 
 /* Descriptors of n_layer layers (copied). Fails with NO_DEVICE (cuda without a GPU), UNSUPPORTED,

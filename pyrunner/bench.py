@@ -289,15 +289,19 @@ TOKENIZE_PROBE = "Hello, world! It's 2026; 自然语言处理 — こんにち�
 
 
 def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threads: int, kv_type: str,
-                n_ctx: int, repack: bool | None = None) -> tuple:
+                n_ctx: int, repack: bool | None = None, expert_io: str = "auto", ram_gib: float | None = None) -> tuple:
     """Load, the first tokenize (of TOKENIZE_PROBE), prefill, decode; returns (rates + tokenize_first_s, prompt
-    ids, generated ids). The prompt is sized by the model's n_vocab."""
+    ids, generated ids). The prompt is sized by the model's n_vocab. The rates also hold how experts were read
+    (store_log) and, per decode token, the bytes read from storage (/proc/self/io) and, with direct reads, the
+    bytes of experts missed in RAM and the RAM hit rate."""
     from ._native import StrataError
+    from .generate import _proc_read_bytes
     from .model import Model
 
     t0 = time.perf_counter()
     try:
-        model = Model(path, threads=threads, n_ctx=n_ctx, kv_type=kv_type, repack=repack)
+        model = Model(path, threads=threads, n_ctx=n_ctx, kv_type=kv_type, repack=repack, expert_io=expert_io,
+                      ram_gib=ram_gib)
     except (StrataError, ValueError, OSError) as e:
         raise BenchError(f"Strata could not load {path}: {e}") from None
     try:
@@ -311,15 +315,29 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
         logits = sess.eval(ids)
         prefill_s = time.perf_counter() - t0
         out = []
+        st0, io0 = model.store_stats(), _proc_read_bytes()
         t0 = time.perf_counter()
         for _ in range(gen_tokens):
             tok = int(np.argmax(logits))
             out.append(tok)
             logits = sess.eval([tok])
         decode_s = time.perf_counter() - t0
-        return {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s,
-                "repack_bytes": model.repack_bytes}, \
-            ids, out
+        st1, io1 = model.store_stats(), _proc_read_bytes()
+        rates = {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s,
+                 "repack_bytes": model.repack_bytes, "store_log": model.store_log}
+        n = max(gen_tokens, 1)
+        rates["storage_read_bytes_per_token"] = (io1 - io0) / n
+        if st1["active"]:
+            looked = st1["ram_lookups"] - st0["ram_lookups"]
+            rates["ram_hit_rate"] = (st1["ram_hits"] - st0["ram_hits"]) / looked if looked else 0.0
+            rates["ram_miss_bytes_per_token"] = (st1["ram_miss_bytes"] - st0["ram_miss_bytes"]) / n
+            rates["expert_read_s_per_token"] = (st1["read_s"] - st0["read_s"]) / n
+            rates["ram_gib"] = st1["ram_bytes"] / (1 << 30)
+            rates["prefetch_bytes_per_token"] = (st1["prefetch_bytes"] - st0["prefetch_bytes"]) / n
+            rates["prefetch_unused_bytes_per_token"] = (st1["prefetch_unused_bytes"] - st0["prefetch_unused_bytes"]) / n
+            pred = st1["predicted"] - st0["predicted"]
+            rates["prefetch_recall"] = (st1["predicted_right"] - st0["predicted_right"]) / pred if pred else None
+        return rates, ids, out
     finally:
         model.close()
 
@@ -367,7 +385,8 @@ def _llama_run(path: str, ids: list[int], gen_tokens: int, threads: int, kv_type
 
 
 def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_tokens: int = 128, kv_type: str = "f16",
-                vs_llama_cpp: bool = False, seed: int = 0, log=print, repack: bool | None = None) -> dict:
+                vs_llama_cpp: bool = False, seed: int = 0, log=print, repack: bool | None = None,
+                expert_io: str = "auto", ram_gib: float | None = None) -> dict:
     """Returns {"settings": {...}, "strata": RATES, and with vs_llama_cpp "llama_cpp": RATES, "ratios":
     {"prefill_tps", "decode_tps"} (Strata / llama.cpp), "same_tokens" (whether both decoded the same greedy
     tokens)}, RATES = {prefill_tps, decode_tps, prefill_s, decode_s, prompt_tokens, generated_tokens, load_s}
@@ -389,7 +408,8 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
     settings = {"model": path, "threads": threads, "prompt_tokens": prompt_tokens,
                 "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed, "strata_isa": isa_best()}
     log(f"strata: {prompt_tokens}-token prefill, {gen_tokens} decode steps, {threads} threads, kv {kv_type}")
-    strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, repack)
+    strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, repack,
+                                             expert_io, ram_gib)
     res = {"settings": settings, "strata": strata}
     if vs_llama_cpp:
         from .llama_child import LlamaChildError, LlamaCrash, LlamaTimeout, call
@@ -408,6 +428,134 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
         res["ratios"] = {k: (strata[k] / llama[k] if llama[k] > 0 else None) for k in ("prefill_tps", "decode_tps")}
         res["same_tokens"] = strata_tokens == llama_tokens
     return res
+
+
+class _MemCgroup:
+    """A memory cgroup of `limit` bytes for one child process (v1 memory.limit_in_bytes as on this project's
+    machines, v2 memory.max otherwise); removed on exit. Page cache is charged to it, so a memory-mapped reader
+    is held to the limit too. Needs root (or a delegated subtree)."""
+
+    def __init__(self, limit: int, tag: str):
+        v1 = "/sys/fs/cgroup/memory"
+        if os.path.isfile(os.path.join(v1, "memory.limit_in_bytes")):
+            self.dir, self.knob = os.path.join(v1, f"strata-bench-{os.getpid()}-{tag}"), "memory.limit_in_bytes"
+        elif os.path.isfile("/sys/fs/cgroup/cgroup.controllers"):
+            self.dir, self.knob = f"/sys/fs/cgroup/strata-bench-{os.getpid()}-{tag}", "memory.max"
+        else:
+            raise BenchError("--mem-limit-gib needs a cgroup memory controller (/sys/fs/cgroup/memory or cgroup v2)")
+        self.limit = limit
+
+    def __enter__(self) -> str:
+        try:
+            os.mkdir(self.dir)
+            with open(os.path.join(self.dir, self.knob), "w") as f:
+                f.write(str(self.limit))
+        except OSError as e:
+            raise BenchError(f"--mem-limit-gib: cannot make the memory cgroup {self.dir} ({e.strerror}); it needs "
+                             f"root, or a cgroup subtree delegated to this user") from None
+        return self.dir
+
+    def __exit__(self, *exc):
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def bench_model_limited(path: str, mem_limit_gib: float, threads: int = 2, prompt_tokens: int = 32,
+                        gen_tokens: int = 16, kv_type: str = "f16", vs_llama_cpp: bool = False, seed: int = 0,
+                        expert_io: str = "direct", ram_gib: float | None = None, log=print) -> dict:
+    """A model larger than the memory allowed (issue 20 point 5): each engine in its own child process, each in
+    its own memory cgroup of mem_limit_gib (llama.cpp never shares one with Strata's RAM slots), the file
+    evicted from the page cache before every run (pages cached outside a cgroup are not charged to it). Runs:
+    "strata" without a limit (mmap: today's path), "strata_limited" (expert_io, default direct; ram_gib: its
+    budget, default what the limit leaves), "strata_mmap_limited", and with vs_llama_cpp "llama_cpp_limited".
+    Returns {"settings", "runs": {name: RATES or {"error"}}, "ratios": {"direct_limited_over_llama_limited",
+    "direct_limited_over_strata", "mmap_limited_over_strata", ...}}."""
+    from .llama_child import LlamaChildError, LlamaCrash, LlamaTimeout, call
+    from .ple import evict
+
+    if not os.path.isfile(path):
+        raise BenchError(f"{path}: no such model file")
+    if mem_limit_gib <= 0:
+        raise BenchError(f"--mem-limit-gib {mem_limit_gib}: give a limit in GiB > 0")
+    n_ctx = prompt_tokens + gen_tokens + 16
+    limit = int(mem_limit_gib * (1 << 30))
+    settings = {"model": path, "threads": threads, "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens,
+                "kv_type": kv_type, "seed": seed, "mem_limit_gib": mem_limit_gib, "expert_io": expert_io,
+                "ram_gib": ram_gib, "file_gib": os.path.getsize(path) / (1 << 30)}
+    runs: dict = {}
+    ids = None
+
+    def one(name, fn, args, limited):
+        evict(path)
+        log(f"{name}: {'under ' + format(mem_limit_gib, 'g') + ' GiB' if limited else 'no limit'}")
+        try:
+            if limited:
+                with _MemCgroup(limit, name) as cg:
+                    return call(fn, args, gguf=path, cgroup=cg)
+            return call(fn, args, gguf=path)
+        except (LlamaCrash, LlamaTimeout, LlamaChildError, BenchError, OSError, RuntimeError, ValueError) as e:
+            # the child's crash, kill (the kernel's OOM killer under the limit) or error: this run's figures only
+            runs[name] = {"error": str(e).replace("llama.cpp", "the engine") if name.startswith("strata") else str(e)}
+            return None
+
+    r = one("strata", _strata_run, (path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, None, "mmap"), False)
+    if r:
+        runs["strata"], ids, _ = r
+    for name, io in (("strata_limited", expert_io), ("strata_mmap_limited", "mmap")):
+        if name == "strata_mmap_limited" and expert_io == "mmap":
+            continue
+        r = one(name, _strata_run, (path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, None, io,
+                                    ram_gib if io != "mmap" else None), True)
+        if r:
+            runs[name] = r[0]
+            ids = ids or r[1]
+    if vs_llama_cpp and ids is not None:
+        r = one("llama_cpp_limited", _llama_run, (path, ids, gen_tokens, threads, kv_type, n_ctx), True)
+        if r:
+            runs["llama_cpp_limited"] = r[0]
+    ratios = {}
+
+    def ratio(a, b, key="decode_tps"):
+        ra, rb = runs.get(a, {}), runs.get(b, {})
+        if key in ra and rb.get(key):
+            return ra[key] / rb[key]
+        return None
+
+    ratios["limited_over_llama_limited"] = ratio("strata_limited", "llama_cpp_limited")
+    ratios["limited_over_strata"] = ratio("strata_limited", "strata")
+    ratios["mmap_limited_over_strata"] = ratio("strata_mmap_limited", "strata")
+    ratios["mmap_limited_over_llama_limited"] = ratio("strata_mmap_limited", "llama_cpp_limited")
+    lim = runs.get("strata_limited", {})
+    if lim.get("ram_miss_bytes_per_token"):
+        ratios["storage_over_ram_miss_bytes"] = lim["storage_read_bytes_per_token"] / lim["ram_miss_bytes_per_token"]
+        # what was fetched from storage for experts: demand misses and reads ahead
+        fetched = lim["ram_miss_bytes_per_token"] + lim.get("prefetch_bytes_per_token", 0)
+        ratios["storage_over_expert_fetch_bytes"] = lim["storage_read_bytes_per_token"] / fetched
+    return {"settings": settings, "runs": runs, "ratios": {k: v for k, v in ratios.items() if v is not None}}
+
+
+def format_limited_table(res: dict) -> str:
+    s = res["settings"]
+    lines = [f"{s['model']} ({s['file_gib']:.2f} GiB): {s['prompt_tokens']}-token prompt, {s['gen_tokens']} decode "
+             f"steps, {s['threads']} threads, memory limit {s['mem_limit_gib']:g} GiB per engine",
+             f"{'run':22s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'storage MB/tok':>14s} {'RAM miss MB/tok':>15s} "
+             f"{'RAM hits':>8s}"]
+    for name, r in res["runs"].items():
+        if "error" in r:
+            lines.append(f"{name:22s} failed: {r['error'][:120]}")
+            continue
+        miss = f"{r['ram_miss_bytes_per_token'] / 1e6:15.2f}" if "ram_miss_bytes_per_token" in r else f"{'-':>15s}"
+        hits = f"{r['ram_hit_rate']:8.3f}" if "ram_hit_rate" in r else f"{'-':>8s}"
+        io = f"{r['storage_read_bytes_per_token'] / 1e6:14.2f}" if "storage_read_bytes_per_token" in r else f"{'-':>14s}"
+        lines.append(f"{name:22s} {r['prefill_tps']:13.2f} {r['decode_tps']:12.3f} {io} {miss} {hits}")
+    for k, v in res["ratios"].items():
+        lines.append(f"{k}: {v:.2f}")
+    for name, r in res["runs"].items():
+        if "store_log" in r:
+            lines.append(f"{name}: {r['store_log']}")
+    return "\n".join(lines)
 
 
 def format_model_table(res: dict) -> str:

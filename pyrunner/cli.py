@@ -274,8 +274,17 @@ def bench_kernels(as_json, types, threads, batches, isa):
                    "report the recorder's cost (tokens/s with and without it).")
 @click.option("--repack/--no-repack", default=None, envvar="STRATA_REPACK",
               help="Strata's prefill conversion of IQ weight rows (see `strata generate --help`) [default: on].")
+@click.option("--mem-limit-gib", type=float, default=None,
+              help="Run each engine in its own child process under its own memory cgroup of this many GiB (page "
+                   "cache included; needs root), the file evicted from the page cache first: Strata without a "
+                   "limit, Strata with --expert-io under it, Strata mmap under it, and llama.cpp under it with "
+                   "--vs-llama-cpp.")
+@click.option("--expert-io", type=click.Choice(["auto", "mmap", "direct"]), default=None,
+              help="How Strata reads routed experts [default: auto; with --mem-limit-gib: direct].")
+@click.option("--ram-gib", type=float, default=None,
+              help="RAM slots for experts read directly [default: what the memory allowed leaves].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
-                mtp_max, trace_path, repack):
+                mtp_max, trace_path, repack, mem_limit_gib, expert_io, ram_gib):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -307,9 +316,21 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
         _bench_out(res, as_json, b.format_mtp_auto_table if mtp == "auto" else b.format_mtp_table)
         _trace_note(tracer)
         return
+    if mem_limit_gib is not None:
+        if mtp or trace_path:
+            raise click.ClickException("--mem-limit-gib runs without --mtp and --trace")
+        try:
+            res = b.bench_model_limited(model_path, mem_limit_gib, threads=threads, prompt_tokens=prompt_tokens,
+                                        gen_tokens=gen_tokens, kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed,
+                                        expert_io=expert_io or "direct", ram_gib=ram_gib, log=log)
+        except (b.BenchError, StrataError) as e:
+            raise _fail(e) from None
+        _bench_out(res, as_json, b.format_limited_table)
+        return
     try:
         res = b.bench_model(model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-                            kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log, repack=repack)
+                            kv_type=kv_type, vs_llama_cpp=vs_llama_cpp, seed=seed, log=log, repack=repack,
+                            expert_io=expert_io or "auto", ram_gib=ram_gib)
         if trace_path:
             res["trace"] = _bench_traced(trace_path, res, lambda: b.bench_model(
                 model_path, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, kv_type=kv_type,
@@ -465,6 +486,16 @@ def _engine_options(f):
         click.option("--mtp-max", type=click.IntRange(min=1), default=None,
                      help="The most drafts --mtp auto tries per window [default: 3]."),
         click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
+        click.option("--expert-io", type=click.Choice(["auto", "mmap", "direct"]), default=None,
+                     help="How routed experts are read: mmap (through the page cache), direct (O_DIRECT into RAM "
+                          "slots the engine owns, the hot ones kept), auto: direct when they do not fit the memory "
+                          "the process may use [default: auto]."),
+        click.option("--ram-gib", type=float, default=None,
+                     help="RAM slots for directly read experts, GiB [default: the cgroup limit or MemAvailable minus "
+                          "dense weights, state and a margin]."),
+        click.option("--cache-policy", type=str, default=None,
+                     help="Replacement policy of the RAM slots (`strata cache-sim --help` lists them) [default: the "
+                          "best measured]."),
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
                           "counters); draw it with `strata plot`."),
@@ -509,7 +540,7 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
-           "ple_mode", "sim_link_gbps", "repack")
+           "ple_mode", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy")
 
 
 

@@ -97,7 +97,8 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               # windows and plain steps, how many windows ran each k, and the windows where the choice changed
               "mtp_k", "mtp_k_windows", "mtp_k_changes",
               # the expert store's RAM slots (issue 20): present with direct expert reads
-              "ram_hits", "ram_lookups", "ram_hit_rate", "ram_miss_bytes", "storage_read_bytes", "expert_read_s")
+              "ram_hits", "ram_lookups", "ram_hit_rate", "ram_miss_bytes", "storage_read_bytes", "expert_read_s",
+              "prefetch_bytes", "prefetch_unused_bytes", "prefetch_recall")
 _PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
@@ -294,8 +295,12 @@ def _store_stats(model, before: dict | None) -> dict:
     if before is None:
         return {}
     now = model.store_stats()
-    out = {k: now[k] - before[k] for k in ("ram_hits", "ram_lookups", "ram_miss_bytes")}
+    out = {k: now[k] - before[k] for k in ("ram_hits", "ram_lookups", "ram_miss_bytes", "prefetch_bytes",
+                                           "prefetch_unused_bytes")}
     out["ram_hit_rate"] = out["ram_hits"] / out["ram_lookups"] if out["ram_lookups"] else 0.0
+    predicted = now["predicted"] - before["predicted"]
+    if predicted:
+        out["prefetch_recall"] = (now["predicted_right"] - before["predicted_right"]) / predicted
     out["storage_read_bytes"] = _proc_read_bytes() - before["storage_read_bytes"]
     out["expert_read_s"] = now["read_s"] - before["read_s"]
     return out

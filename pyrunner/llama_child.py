@@ -31,7 +31,10 @@ import numpy as np
 # The child's entry: the parent's sys.path first (so fn's module — pyrunner or a test module — imports the same
 # way), then _serve. No core files: a crash is reported by message, a core dump in the user's folder is litter.
 _BOOT = """\
-import pickle, resource, sys
+import os, pickle, resource, sys
+if len(sys.argv) > 3:    # join a memory cgroup before anything is loaded (strata bench model --mem-limit-gib)
+    with open(os.path.join(sys.argv[3], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
 resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
 with open(sys.argv[1], "rb") as f:
     sys.path[:] = pickle.load(f)
@@ -98,11 +101,14 @@ def crash_message(signum: int, gguf: str | None) -> str:
             f"{REBUILD} (GGML_NATIVE=OFF, AMX off)")
 
 
-def call(fn, args: tuple = (), kwargs: dict | None = None, *, gguf=None, timeout: float | None = None):
+def call(fn, args: tuple = (), kwargs: dict | None = None, *, gguf=None, timeout: float | None = None,
+         cgroup: str | None = None):
     """fn(*args, **kwargs) in a fresh child process; its result (anything that pickles: numpy arrays too).
     gguf: the model file the call works on, named in a crash message. A Python exception of the child is raised
     here as itself (or as LlamaChildError when it does not pickle), its cause holding the child's traceback; a
-    child killed by a signal raises LlamaCrash; past timeout seconds the child is killed and LlamaTimeout raised."""
+    child killed by a signal raises LlamaCrash; past timeout seconds the child is killed and LlamaTimeout raised.
+    cgroup: a cgroup directory the child joins first thing (its cgroup.procs), so that it runs under that
+    group's memory limit."""
     gguf = None if gguf is None else str(gguf)
     with tempfile.TemporaryDirectory(prefix="strata-llama-") as tmp:
         inp, out = os.path.join(tmp, "in.pkl"), os.path.join(tmp, "out.pkl")
@@ -110,7 +116,8 @@ def call(fn, args: tuple = (), kwargs: dict | None = None, *, gguf=None, timeout
             pickle.dump(list(sys.path), f)
             pickle.dump((fn, tuple(args), dict(kwargs or {})), f)
         # stdout=2: whatever the child prints lands on the parent's stderr, never in its stdout
-        proc = subprocess.Popen([sys.executable, "-c", _BOOT, inp, out], stdin=subprocess.DEVNULL, stdout=2)
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, inp, out] + ([cgroup] if cgroup else []),
+                                stdin=subprocess.DEVNULL, stdout=2)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

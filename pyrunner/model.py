@@ -37,7 +37,8 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
 EXPERT_IO = {"auto": lib.STRATA_EXPERT_IO_AUTO, "mmap": lib.STRATA_EXPERT_IO_MMAP, "direct": lib.STRATA_EXPERT_IO_DIRECT}
 EXPERT_IO_BACKENDS = {"auto": 0, "io_uring": 1, "pread": 2}
 _STORE_KEYS = ("active", "ram_slots", "ram_bytes", "ram_lookups", "ram_hits", "ram_groups", "ram_group_hits",
-               "ram_miss_bytes", "read_bytes", "reads", "evictions", "bypassed", "read_s")
+               "ram_miss_bytes", "read_bytes", "reads", "evictions", "bypassed", "read_s", "prefetch_experts",
+               "prefetch_bytes", "prefetch_unused_experts", "prefetch_unused_bytes", "predicted", "predicted_right")
 
 
 def cache_policies() -> list[str]:
@@ -108,7 +109,7 @@ class Model:
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
-                 expert_io_depth: int | None = None, expert_io_backend: str = "auto"):
+                 expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool = True):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -138,7 +139,9 @@ class Model:
         what was chosen and why); ram_gib: the RAM slots' budget (None: what the process may use, minus
         dense weights, state and a margin); cache_policy: their replacement policy (None: the default;
         pyrunner.model.cache_policies() lists them); expert_io_depth: reads in flight (default 32);
-        expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread".
+        expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread";
+        expert_prefetch (default True): with direct reads, while layer l computes, read ahead the experts
+        layer l+1's router picks for layer l's MoE input.
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -240,6 +243,7 @@ class Model:
             p.expert_pack = self._pack_arg
         p.expert_io = EXPERT_IO[expert_io]
         p.expert_io_backend = EXPERT_IO_BACKENDS[expert_io_backend]
+        p.expert_prefetch = int(bool(expert_prefetch))
         if ram_gib is not None:
             p.ram_bytes = int(ram_gib * (1 << 30))
         if cache_policy is not None:
@@ -341,8 +345,10 @@ class Model:
 
     def store_stats(self) -> dict:
         """Cumulative counters of the expert store's RAM slots since load (zeros with expert_io mmap): DESIGN
-        §9's ram_hits and ram_miss_bytes, with ram_lookups, ram_groups, ram_group_hits, read_bytes (asked of
-        storage), reads, evictions, bypassed, read_s, ram_slots, ram_bytes and active."""
+        §9's ram_hits, ram_miss_bytes, prefetch_bytes and prefetch_unused_bytes, with ram_lookups, ram_groups,
+        ram_group_hits, read_bytes (asked of storage), reads, evictions, bypassed, read_s, prefetch_experts,
+        prefetch_unused_experts, predicted and predicted_right (the prefetch's recall), ram_slots, ram_bytes and
+        active."""
         st = ffi.new("strata_store_stats *")
         check(lib.strata_model_store_stats(self._ptr, st))
         return {k: (float(getattr(st, k)) if k == "read_s" else int(getattr(st, k))) for k in _STORE_KEYS}

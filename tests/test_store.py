@@ -44,7 +44,7 @@ def test_small_budget_gives_the_same_tokens_on_cpu(reference, backend, policy):
     assert st["ram_miss_bytes"] > 0 and st["read_bytes"] >= st["ram_miss_bytes"]
     assert st["evictions"] > 0
     # aligned supersets: less than one 4 KiB block more at each end of a piece
-    assert st["read_bytes"] < st["ram_miss_bytes"] + st["reads"] * 2 * 4096
+    assert st["read_bytes"] < st["ram_miss_bytes"] + st["prefetch_bytes"] + st["reads"] * 2 * 4096
     assert stats["ram_hits"] >= 0 and stats["ram_miss_bytes"] > 0
 
 
@@ -148,3 +148,16 @@ def test_auto_picks_direct_under_a_memory_limit(tmp_path):
         assert "experts: direct (auto:" in log and "memory.limit_in_bytes" in log, log
     finally:
         os.rmdir(cg)
+
+
+def test_prefetch_never_changes_results_and_is_counted(reference):
+    on_toks, on, _, stats = _greedy(mtp=0, expert_io="direct", ram_gib=SMALL)
+    off_toks, off, _, _ = _greedy(mtp=0, expert_io="direct", ram_gib=SMALL, expert_prefetch=False)
+    assert on_toks == off_toks == reference
+    assert off["prefetch_experts"] == 0 and off["predicted"] == 0
+    assert on["prefetch_experts"] > 0 and on["prefetch_bytes"] > 0
+    assert 0 <= on["prefetch_unused_bytes"] <= on["prefetch_bytes"]
+    assert 0 < on["predicted_right"] <= on["predicted"]
+    assert 0.0 < stats["prefetch_recall"] <= 1.0
+    # experts read ahead and then used are RAM hits of the next layer: fewer demand misses than without
+    assert on["ram_miss_bytes"] < off["ram_miss_bytes"]

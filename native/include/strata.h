@@ -396,9 +396,12 @@ typedef struct strata_model_params {
                                   state and a margin */
     const char *cache_policy;  /* replacement policy of the RAM slots; NULL or "" = the default
                                   (strata_cache_policies lists them). Only read during strata_model_load. */
-    int32_t expert_io_depth;   /* reads in flight; default 32 */
+    int32_t expert_io_depth;   /* reads in flight; default 64 */
     int32_t expert_io_backend; /* 0 (default): io_uring, else pread threads; 1: io_uring only; 2: pread threads */
     uint64_t expert_io_test_short_read_at; /* test hook: the N-th read (1-based) comes back short; 0 = never */
+    int32_t expert_prefetch;   /* 1 (default): with direct reads, while layer l computes, read ahead the experts
+                                  layer l+1's router picks for layer l's MoE input (windows of <= 16 tokens);
+                                  0: off */
 } strata_model_params;
 
 /* How routed experts are read (issue 20). MMAP: in place from the file's mapping, through the page
@@ -506,6 +509,12 @@ typedef struct strata_store_stats {
     uint64_t evictions;
     uint64_t bypassed;       /* misses the policy did not keep */
     double read_s;           /* wall time waiting for reads */
+    uint64_t prefetch_experts;       /* experts read ahead (expert_prefetch) */
+    uint64_t prefetch_bytes;         /* their bytes */
+    uint64_t prefetch_unused_experts;/* read ahead but not read by the next layer */
+    uint64_t prefetch_unused_bytes;
+    uint64_t predicted;              /* experts of the predicted layers' lines */
+    uint64_t predicted_right;        /* of them, those the prediction named (recall = right / predicted) */
 } strata_store_stats;
 strata_status strata_model_store_stats(strata_model *m, strata_store_stats *out);
 /* One line: the access mode chosen and why, the budget, slots, policy, read backend. Static until the

@@ -57,7 +57,8 @@ strata_model_params strata_model_default_params(void) {
     p.ple_test_stall_ms = pp.test_stall_ms;
     p.ple_test_stall_at = pp.test_stall_at;
     p.expert_io = STRATA_EXPERT_IO_AUTO;
-    p.expert_io_depth = 32;
+    p.expert_io_depth = 64;
+    p.expert_prefetch = 1;
     return p;
 }
 

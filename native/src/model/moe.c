@@ -192,6 +192,37 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         free(xrk);
         if (rc) goto done;
         xs_held = 1;
+        /* read ahead what the next layer will route to: its router applied to this layer's MoE input
+         * (routing is done, so logits is free), best ranks of every token first */
+        if (m->params.expert_prefetch && il + 1 < hp->n_layer && L <= 16 &&
+            !mdl_matmul(m, &m->layers[il + 1].router, 0, u, L, logits)) {
+            int32_t *pe = malloc((size_t)(L * K) * sizeof *pe), *pk = malloc((size_t)(L * K) * sizeof *pk);
+            float *pv = malloc((size_t)(L * K) * sizeof *pv);
+            uint8_t *seen = calloc((size_t)Ne, 1);
+            int32_t n_p = 0;
+            if (pe && pk && pv && seen) {
+                for (int64_t t = 0; t < L; t++) {      /* top-K of each token, as the router will pick */
+                    const float *lg = logits + t * Ne;
+                    int32_t *tk = pk + t * K;
+                    float *tv = pv + t * K;
+                    int64_t c = 0;
+                    for (int64_t e = 0; e < Ne; e++) {
+                        if (c == K && !(lg[e] > tv[K - 1])) continue;
+                        int64_t i = c < K ? c++ : K - 1;
+                        while (i > 0 && lg[e] > tv[i - 1]) { tv[i] = tv[i - 1]; tk[i] = tk[i - 1]; i--; }
+                        tv[i] = lg[e];
+                        tk[i] = (int32_t)e;
+                    }
+                }
+                for (int64_t r = 0; r < K; r++)
+                    for (int64_t t = 0; t < L; t++) {
+                        const int32_t e = pk[t * K + r];
+                        if (!seen[e]) { seen[e] = 1; pe[n_p++] = e; }
+                    }
+                xs_prefetch(m->xs, il + 1, pe, n_p);
+            }
+            free(pe); free(pk); free(pv); free(seen);
+        }
         if (plan) {
             xsrc = calloc((size_t)Ne * 3, sizeof *xsrc);
             if (!xsrc) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }

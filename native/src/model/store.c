@@ -228,6 +228,12 @@ strata_status strata_model_store_stats(strata_model *m, strata_store_stats *out)
     out->evictions = s.evictions;
     out->bypassed = s.bypassed;
     out->read_s = s.read_s;
+    out->prefetch_experts = s.prefetch_experts;
+    out->prefetch_bytes = s.prefetch_bytes;
+    out->prefetch_unused_experts = s.prefetch_unused_experts;
+    out->prefetch_unused_bytes = s.prefetch_unused_bytes;
+    out->predicted = s.predicted;
+    out->predicted_right = s.predicted_right;
     return STRATA_OK;
 }
 

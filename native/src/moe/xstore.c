@@ -44,6 +44,15 @@ struct xs_store {
     aio_req *req;              /* [n_expert * n_part] */
     int32_t *req_item;         /* [n_expert * n_part] the line item a request belongs to */
     uint64_t *req_need;        /* [n_expert * n_part] bytes the piece needs of the aligned read */
+    /* the prefetch batch in flight (started by xs_prefetch, finished by the next xs_acquire) */
+    aio_req *pf_req;           /* [aio depth] */
+    int32_t *pf_item;          /* [aio depth] index into pf_expert of each request */
+    uint64_t *pf_need;
+    int32_t *pf_expert, *pf_slot;   /* [n_expert] the experts read ahead and their slots */
+    int32_t n_pf, n_pf_req, pf_layer;
+    int32_t *pred;             /* [n_expert] the last prediction (for recall) */
+    int32_t n_pred, pred_layer;
+    uint8_t *mark;             /* [n_expert] scratch */
     uint64_t reads_total;
     uint64_t test_short_read_at;
     xs_stats st;
@@ -168,6 +177,21 @@ strata_status xs_create(const xs_params *p, const xs_layer *layers, xs_store **o
     if ((rc = xpol_create(p->policy && *p->policy ? p->policy : xpol_default(), p->n_layer, p->n_expert, x->n_pol, &x->pol)))
         goto fail;
     if ((rc = aio_create(p->io_backend, p->io_depth, &x->aio))) goto fail;
+    {
+        const int d = aio_depth(x->aio);
+        x->pf_req = malloc((size_t)d * sizeof *x->pf_req);
+        x->pf_item = malloc((size_t)d * sizeof *x->pf_item);
+        x->pf_need = malloc((size_t)d * sizeof *x->pf_need);
+        x->pf_expert = malloc((size_t)p->n_expert * sizeof *x->pf_expert);
+        x->pf_slot = malloc((size_t)p->n_expert * sizeof *x->pf_slot);
+        x->pred = malloc((size_t)p->n_expert * sizeof *x->pred);
+        x->mark = calloc((size_t)p->n_expert, 1);
+        x->pred_layer = x->pf_layer = -1;
+        if (!x->pf_req || !x->pf_item || !x->pf_need || !x->pf_expert || !x->pf_slot || !x->pred || !x->mark) {
+            rc = strata_fail(STRATA_ERR_NOMEM, "expert store: no memory");
+            goto fail;
+        }
+    }
     snprintf(x->log, sizeof x->log, "expert store: %.2f GiB of RAM slots (%d experts of %.2f MiB, %d of them scratch), policy %s, %s reads%s, %s",
              (double)x->mem_bytes / (1024.0 * 1024.0 * 1024.0), x->n_slots, (double)x->slot_bytes / (1024.0 * 1024.0),
              p->n_expert, xpol_name(x->pol), access, access_why, aio_why(x->aio));
@@ -180,12 +204,13 @@ fail:
 
 void xs_free(xs_store *x) {
     if (!x) return;
-    aio_free(x->aio);
+    aio_free(x->aio);               /* finishes a prefetch batch in flight first */
     xpol_free(x->pol);
     if (x->mem) munmap(x->mem, x->mem_bytes);
     if (x->fd >= 0) close(x->fd);
     pthread_mutex_destroy(&x->mu);
     free(x->valid); free(x->line_slot); free(x->req); free(x->req_item); free(x->req_need);
+    free(x->pf_req); free(x->pf_item); free(x->pf_need); free(x->pf_expert); free(x->pf_slot); free(x->pred); free(x->mark);
     free(x->layer); free(x->path); free(x);
 }
 
@@ -212,11 +237,93 @@ static strata_status check_file(const xs_store *x) {
     return STRATA_OK;
 }
 
+/* Waits for the prefetch batch, makes its slots valid (or not, for a failed read) and unpins them; counts
+ * what the line about to be served (layer il, experts[0..n)) does not read as unused, and the recall of the
+ * last prediction when it was for this layer. */
+static void pf_land(xs_store *x, int32_t il, const int32_t *experts, int32_t n) {
+    if (x->n_pf) {
+        const double t0 = now_s();
+        aio_finish(x->aio);
+        x->st.read_s += now_s() - t0;
+        for (int32_t i = 0; i < x->n_pf; i++) x->valid[x->pf_slot[i]] = 1;
+        for (int32_t r = 0; r < x->n_pf_req; r++) {
+            const aio_req *q = &x->pf_req[r];
+            if (q->res < 0 || (uint64_t)q->res < x->pf_need[r]) x->valid[x->pf_slot[x->pf_item[r]]] = 0;
+        }
+        for (int32_t i = 0; i < n; i++) x->mark[experts[i]] = 1;
+        const xs_layer *L = &x->layer[x->pf_layer];
+        uint64_t bytes = 0;
+        for (int32_t q = 0; q < L->n_part; q++) bytes += L->bytes[q];
+        for (int32_t i = 0; i < x->n_pf; i++) {
+            xpol_unpin(x->pol, x->pf_slot[i]);
+            if (x->pf_layer != il || !x->mark[x->pf_expert[i]]) {
+                x->st.prefetch_unused_experts++;
+                x->st.prefetch_unused_bytes += bytes;
+            }
+        }
+        for (int32_t i = 0; i < n; i++) x->mark[experts[i]] = 0;
+        x->n_pf = x->n_pf_req = 0;
+    }
+    if (x->pred_layer >= 0) {
+        if (x->pred_layer == il) {
+            for (int32_t i = 0; i < x->n_pred; i++) x->mark[x->pred[i]] = 1;
+            x->st.predicted += (uint64_t)n;
+            for (int32_t i = 0; i < n; i++) x->st.predicted_right += x->mark[experts[i]];
+            for (int32_t i = 0; i < x->n_pred; i++) x->mark[x->pred[i]] = 0;
+        }
+        x->pred_layer = -1;
+    }
+}
+
+void xs_prefetch(xs_store *x, int32_t il, const int32_t *experts, int32_t n) {
+    if (il < 0 || il >= x->n_layer || n <= 0 || x->n_pf) return;
+    if (n > x->n_expert) n = x->n_expert;
+    memcpy(x->pred, experts, (size_t)n * sizeof *x->pred);
+    x->n_pred = n;
+    x->pred_layer = il;
+    if (check_file(x)) return;        /* the demand read will say what changed */
+    const xs_layer *L = &x->layer[il];
+    const int depth = aio_depth(x->aio);
+    int32_t n_req = 0, n_pf = 0;
+    for (int32_t i = 0; i < n && n_req + L->n_part <= depth; i++) {
+        int32_t s = xpol_lookup(x->pol, il, experts[i]);
+        if (s >= 0) continue;          /* in RAM already (or its slot is held: a failed read, read on demand) */
+        int32_t evl, eve;
+        if ((s = xpol_insert(x->pol, il, experts[i], &evl, &eve)) < 0) continue;
+        xpol_pin(x->pol, s);
+        x->valid[s] = 0;
+        if (evl >= 0) x->st.evictions++;
+        char *base = slot_base(x, s);
+        for (int32_t q = 0; q < L->n_part; q++) {
+            const uint64_t off = L->off[q] + (uint64_t)experts[i] * L->stride[q];
+            const uint64_t a0 = off / XS_ALIGN * XS_ALIGN, a1 = round_up(off + L->bytes[q], XS_ALIGN);
+            uint64_t len = a1 - a0;
+            if (a0 + len > (uint64_t)x->st0.st_size && !x->direct) len = (uint64_t)x->st0.st_size - a0;
+            x->pf_req[n_req] = (aio_req){.fd = x->fd, .off = a0, .len = (size_t)len, .buf = base + x->part_off[q]};
+            x->pf_item[n_req] = n_pf;
+            x->pf_need[n_req] = off + L->bytes[q] - a0;
+            n_req++;
+            x->st.prefetch_bytes += L->bytes[q];
+            x->st.read_bytes += len;
+        }
+        x->pf_expert[n_pf] = experts[i];
+        x->pf_slot[n_pf] = s;
+        n_pf++;
+        x->st.prefetch_experts++;
+    }
+    x->n_pf = n_pf;
+    x->n_pf_req = n_req;
+    x->pf_layer = il;
+    x->st.reads += (uint64_t)n_req;
+    if (n_req) aio_start(x->aio, x->pf_req, n_req);
+}
+
 strata_status xs_acquire(xs_store *x, int32_t il, const int32_t *experts, const int32_t *picks,
                          const int32_t *best_rank, int32_t n, const char **ptr) {
     if (il < 0 || il >= x->n_layer || n < 0 || n > x->n_expert)
         return strata_fail(STRATA_ERR_INVALID_ARG, "expert store: layer %d, %d experts", il, n);
     pthread_mutex_lock(&x->mu);
+    pf_land(x, il, experts, n);
     if (il <= x->last_il) xpol_window(x->pol);
     x->last_il = il;
     const xs_layer *L = &x->layer[il];

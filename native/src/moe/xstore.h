@@ -58,7 +58,10 @@ typedef struct {
     uint64_t read_bytes;       /* bytes asked of storage (aligned supersets) */
     uint64_t reads;            /* read requests */
     uint64_t evictions, bypassed;
-    double read_s;             /* wall time in read batches */
+    double read_s;             /* wall time in read batches (demand reads, and waits for prefetches) */
+    /* prefetch (xs_prefetch): experts read ahead, their bytes, those the next line did not read */
+    uint64_t prefetch_experts, prefetch_bytes, prefetch_unused_experts, prefetch_unused_bytes;
+    uint64_t predicted, predicted_right; /* the predicted layer's experts, and how many were predicted (recall) */
 } xs_stats;
 
 /* Fails with INVALID_ARG (the budget is below one layer's experts: the message says the smallest),
@@ -70,12 +73,18 @@ void xs_free(xs_store *x);
 strata_status xs_acquire(xs_store *x, int32_t il, const int32_t *experts, const int32_t *picks,
                          const int32_t *best_rank, int32_t n, const char **ptr);
 void xs_release(xs_store *x);
+/* Between xs_acquire and xs_release: starts reads of the experts layer il is predicted to route to (best
+ * first; at most what one batch of reads in flight holds), into slots the policy gives, pinned until the
+ * next xs_acquire waits for them. Experts already in RAM are skipped. A failed read only leaves its slot
+ * invalid (the demand read reports errors). The next xs_acquire counts recall against its line when it is
+ * layer il, and every prefetched expert its line does not read as unused. */
+void xs_prefetch(xs_store *x, int32_t il, const int32_t *experts, int32_t n);
 void xs_get_stats(xs_store *x, xs_stats *out);
 /* One line: budget, slots, policy, access (O_DIRECT or why not), reads backend. */
 const char *xs_log(const xs_store *x);
 int32_t xs_n_slots(const xs_store *x);
 uint64_t xs_slot_size(const xs_store *x);
-/* Checks the policy's table and the store's own bookkeeping; 0 or 1 with why. */
+/* Checks the policy's table; 0 or 1 with why. Takes the lock: not between xs_acquire and xs_release. */
 int xs_validate(xs_store *x, char *why, size_t n);
 
 #endif

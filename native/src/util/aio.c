@@ -46,6 +46,9 @@ struct aio_ctx {
     size_t sqes_len;
     unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
     struct io_uring_cqe *cqes;
+    /* a started batch (aio_start): io_uring entries in flight, or the pool's job */
+    aio_req *started;
+    int n_started, started_inflight;
     /* pread pool */
     pthread_t th[POOL_MAX];
     int n_th;
@@ -197,17 +200,28 @@ static void *pool_main(void *arg) {
     return NULL;
 }
 
-static void pool_run(aio_ctx *a, aio_req *reqs, int n) {
+static void pool_post(aio_ctx *a, aio_req *reqs, int n) {
     pthread_mutex_lock(&a->mu);
     a->job = reqs;
     a->job_n = n;
     a->job_next = 0;
     a->job_gen++;
     pthread_cond_broadcast(&a->cv_work);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* The caller reads what no worker claimed yet, then waits for the workers' reads. */
+static void pool_wait(aio_ctx *a) {
+    pthread_mutex_lock(&a->mu);
     pool_drain(a);
     while (a->job_active > 0) pthread_cond_wait(&a->cv_done, &a->mu);
     a->job = NULL;
     pthread_mutex_unlock(&a->mu);
+}
+
+static void pool_run(aio_ctx *a, aio_req *reqs, int n) {
+    pool_post(a, reqs, n);
+    pool_wait(a);
 }
 
 /* ---------------------------------------------------------------- the interface */
@@ -251,6 +265,7 @@ strata_status aio_create(int backend, int depth, aio_ctx **out) {
 
 void aio_free(aio_ctx *a) {
     if (!a) return;
+    aio_finish(a);
     if (a->backend == AIO_URING) uring_close(a);
     else {
         pthread_mutex_lock(&a->mu);
@@ -268,7 +283,84 @@ void aio_free(aio_ctx *a) {
 const char *aio_backend(const aio_ctx *a) { return a->backend == AIO_URING ? "io_uring" : "pread"; }
 const char *aio_why(const aio_ctx *a) { return a->why; }
 
+int aio_depth(const aio_ctx *a) { return a->backend == AIO_URING ? (int)a->depth : a->n_th + 1; }
+
+void aio_start(aio_ctx *a, aio_req *reqs, int n) {
+    aio_finish(a);
+    if (n <= 0) return;
+    if (n > aio_depth(a)) n = aio_depth(a);
+    a->started = reqs;
+    a->n_started = n;
+    for (int i = 0; i < n; i++) reqs[i].res = 0;
+    if (a->backend == AIO_URING && !a->broken) {
+        for (int i = 0; i < n; i++) uring_push(a, &reqs[i], i);
+        a->started_inflight = n;
+        int left = n;
+        while (left > 0) {
+            const long rc = syscall(__NR_io_uring_enter, a->ring_fd, (unsigned)left, 0u, 0u, NULL, 0);
+            if (rc < 0 && (errno == EINTR || errno == EAGAIN || errno == EBUSY)) continue;
+            if (rc <= 0) break;                      /* aio_finish reads what did not go in */
+            left -= (int)rc;
+        }
+        if (left > 0) a->started_inflight = -left;   /* marks a failed submission for aio_finish */
+    } else if (a->backend == AIO_URING) {
+        for (int i = 0; i < n; i++) pread_one(&reqs[i]);   /* the ring broke once: at once, on the caller */
+        a->started = NULL;
+    } else {
+        pool_post(a, reqs, n);
+    }
+}
+
+void aio_finish(aio_ctx *a) {
+    if (!a->started) return;
+    aio_req *reqs = a->started;
+    const int n = a->n_started;
+    a->started = NULL;
+    if (a->backend == AIO_PREAD) { pool_wait(a); return; }
+    if (a->started_inflight < 0) {
+        /* the kernel took only part of the batch: stop using the ring, read the batch again whole */
+        a->broken = 1;
+        snprintf(a->why, sizeof a->why, "pread on the caller: io_uring_enter refused a prefetch batch");
+        for (int i = 0; i < n; i++) pread_one(&reqs[i]);
+        return;
+    }
+    int inflight = a->started_inflight;
+    while (inflight > 0) {
+        const long rc = syscall(__NR_io_uring_enter, a->ring_fd, 0u, 1u, IORING_ENTER_GETEVENTS, NULL, 0);
+        if (rc < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
+            a->broken = 1;
+            for (int i = 0; i < n; i++) pread_one(&reqs[i]);
+            return;
+        }
+        unsigned head = *a->cq_head;
+        const unsigned tail = __atomic_load_n(a->cq_tail, __ATOMIC_ACQUIRE);
+        int pushed = 0;
+        while (head != tail) {
+            const struct io_uring_cqe *c = &a->cqes[head & *a->cq_mask];
+            aio_req *r = &reqs[c->user_data];
+            const int32_t res = c->res;
+            head++;
+            inflight--;
+            if (res < 0) { r->res = res; continue; }
+            r->res += res;
+            if (res > 0 && (size_t)r->res < r->len) { uring_push(a, r, (int)c->user_data); inflight++; pushed++; }
+        }
+        __atomic_store_n(a->cq_head, head, __ATOMIC_RELEASE);
+        while (pushed > 0) {
+            const long k = syscall(__NR_io_uring_enter, a->ring_fd, (unsigned)pushed, 0u, 0u, NULL, 0);
+            if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EBUSY)) continue;
+            if (k <= 0) {           /* the rest cannot be submitted: the pread path from now on */
+                a->broken = 1;
+                for (int i = 0; i < n; i++) pread_one(&reqs[i]);
+                return;
+            }
+            pushed -= (int)k;
+        }
+    }
+}
+
 void aio_run(aio_ctx *a, aio_req *reqs, int n) {
+    aio_finish(a);
     if (n <= 0) return;
     if (a->backend == AIO_URING && !a->broken) {
         const int err = uring_run(a, reqs, n);

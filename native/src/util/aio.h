@@ -36,7 +36,13 @@ void aio_free(aio_ctx *a);
 /* "io_uring" or "pread", and why (one line: the fallback's reason). */
 const char *aio_backend(const aio_ctx *a);
 const char *aio_why(const aio_ctx *a);
-/* Runs every read and waits for all. */
+/* Runs every read and waits for all (a started batch is finished first). */
 void aio_run(aio_ctx *a, aio_req *reqs, int n);
+/* Starts a batch of at most aio_depth() reads and returns at once (prefetch); reqs must stay valid until
+ * aio_finish. One started batch at a time: a second start finishes the first. */
+void aio_start(aio_ctx *a, aio_req *reqs, int n);
+/* Waits until the started batch completed (at once when none is). */
+void aio_finish(aio_ctx *a);
+int aio_depth(const aio_ctx *a);
 
 #endif

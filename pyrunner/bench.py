@@ -467,7 +467,8 @@ def bench_model_limited(path: str, mem_limit_gib: float, threads: int = 2, promp
                         expert_io: str = "direct", ram_gib: float | None = None, log=print) -> dict:
     """A model larger than the memory allowed (issue 20 point 5): each engine in its own child process, each in
     its own memory cgroup of mem_limit_gib (llama.cpp never shares one with Strata's RAM slots), the file
-    evicted from the page cache before every run (pages cached outside a cgroup are not charged to it). Runs:
+    evicted from the page cache before every limited run (pages cached outside a cgroup are not charged to it)
+    and read into it before the unlimited one (warm, as a model that fits in memory is used). Runs:
     "strata" without a limit (mmap: today's path), "strata_limited" (expert_io, default direct; ram_gib: its
     budget, default what the limit leaves), "strata_mmap_limited", and with vs_llama_cpp "llama_cpp_limited".
     Returns {"settings", "runs": {name: RATES or {"error"}}, "ratios": {"direct_limited_over_llama_limited",
@@ -487,8 +488,19 @@ def bench_model_limited(path: str, mem_limit_gib: float, threads: int = 2, promp
     runs: dict = {}
     ids = None
 
+    def warm():
+        """The unlimited run reads a warm page cache (as a model that fits is used): the file read once."""
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(chunk):
+                pass
+
+    chunk = bytearray(16 << 20)
+
     def one(name, fn, args, limited):
-        evict(path)
+        if limited:
+            evict(path)
+        else:
+            warm()
         log(f"{name}: {'under ' + format(mem_limit_gib, 'g') + ' GiB' if limited else 'no limit'}")
         try:
             if limited:
@@ -534,6 +546,60 @@ def bench_model_limited(path: str, mem_limit_gib: float, threads: int = 2, promp
         fetched = lim["ram_miss_bytes_per_token"] + lim.get("prefetch_bytes_per_token", 0)
         ratios["storage_over_expert_fetch_bytes"] = lim["storage_read_bytes_per_token"] / fetched
     return {"settings": settings, "runs": runs, "ratios": {k: v for k, v in ratios.items() if v is not None}}
+
+
+def bench_split(path: str, device: str = "sim", cache_gib: float | None = None, threads: int = 2,
+                prompt_tokens: int = 32, gen_tokens: int = 128, rounds: int = 2, seed: int = 0, log=print) -> dict:
+    """The per-layer online split against the seed's controller (issue 21 point 2), side by side: `rounds`
+    rounds of (seed, online), each a fresh model on `device` with cache_gib of device memory (default: an eighth
+    of the routed experts), tail skip off, greedy decode of gen_tokens after a random prompt through
+    Model.generate (so the seed's controller gets its windows, as in use). Returns {"settings", "runs": [{"split",
+    "decode_tps", "pcie_frac", "pcie_frac_min", "pcie_frac_max", "split_updates", "tokens"}], "ratio_per_round":
+    [online / seed decode tok/s], "same_tokens"}: every run must decode the same tokens (the split never
+    changes results)."""
+    from .model import Model
+
+    if not os.path.isfile(path):
+        raise BenchError(f"{path}: no such model file")
+    if rounds < 1 or gen_tokens < 1:
+        raise BenchError("bench split: --rounds and --gen-tokens must be >= 1")
+    runs, ratios = [], []
+    for r in range(rounds):
+        tps = {}
+        for split in ("seed", "online"):
+            with Model(path, threads=threads, device=device, cache_gib=cache_gib, tail_skip=0, split=split, mtp=0,
+                       n_ctx=prompt_tokens + gen_tokens + 16, expert_pack=None) as m:
+                if cache_gib is None and r == 0 and split == "seed":
+                    log(m.offload_log)
+                ids = bench_prompt(m.n_vocab, prompt_tokens, seed)
+                c = m.generate(ids, max_tokens=gen_tokens, temperature=0)
+                st = m.offload_stats()
+                run = {"split": split, "round": r, "decode_tps": c.stats.get("decode_tps", 0.0), "tokens": c.tokens,
+                       "pcie_frac": st["pcie_frac"], "pcie_frac_min": st["pcie_frac_min"],
+                       "pcie_frac_max": st["pcie_frac_max"], "split_updates": st["split_updates"]}
+                runs.append(run)
+                tps[split] = run["decode_tps"]
+                log(f"round {r} {split}: {run['decode_tps']:.2f} tok/s, pcie_frac {run['pcie_frac']:.2f} "
+                    f"[{run['pcie_frac_min']:.2f}, {run['pcie_frac_max']:.2f}]")
+        ratios.append(tps["online"] / tps["seed"] if tps["seed"] > 0 else None)
+    same = all(x["tokens"] == runs[0]["tokens"] for x in runs)
+    for x in runs:
+        x["tokens"] = len(x["tokens"])
+    return {"settings": {"model": path, "device": device, "cache_gib": cache_gib, "threads": threads,
+                         "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "rounds": rounds},
+            "runs": runs, "ratio_per_round": ratios, "same_tokens": same}
+
+
+def format_split_table(res: dict) -> str:
+    s = res["settings"]
+    lines = [f"{s['model']}: device {s['device']}, {s['gen_tokens']} greedy tokens, {s['rounds']} rounds of seed / online",
+             f"{'round':>5s} {'split':8s} {'decode tok/s':>12s} {'pcie_frac':>9s} {'min':>5s} {'max':>5s} {'updates':>8s}"]
+    for x in res["runs"]:
+        lines.append(f"{x['round']:5d} {x['split']:8s} {x['decode_tps']:12.2f} {x['pcie_frac']:9.2f} "
+                     f"{x['pcie_frac_min']:5.2f} {x['pcie_frac_max']:5.2f} {x['split_updates']:8d}")
+    lines.append("online / seed per round: " + ", ".join(f"{r:.3f}" if r else "-" for r in res["ratio_per_round"]))
+    lines.append(f"same tokens in every run: {res['same_tokens']}")
+    return "\n".join(lines)
 
 
 def format_limited_table(res: dict) -> str:

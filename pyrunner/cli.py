@@ -283,8 +283,16 @@ def bench_kernels(as_json, types, threads, batches, isa):
               help="How Strata reads routed experts [default: auto; with --mem-limit-gib: direct].")
 @click.option("--ram-gib", type=float, default=None,
               help="RAM slots for experts read directly [default: what the memory allowed leaves].")
+@click.option("--split-compare", is_flag=True,
+              help="The per-layer online split against the seed's controller on --device (default sim), side by "
+                   "side in --rounds rounds: decode tok/s, the shares, the ratio per round.")
+@click.option("--device", type=click.Choice(["sim", "cuda"]), default="sim", show_default=True,
+              help="With --split-compare: the device.")
+@click.option("--cache-gib", type=float, default=None, help="With --split-compare: device expert cache, GiB.")
+@click.option("--rounds", type=int, default=2, show_default=True, help="With --split-compare: rounds of seed, online.")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
-                mtp_max, trace_path, repack, mem_limit_gib, expert_io, ram_gib):
+                mtp_max, trace_path, repack, mem_limit_gib, expert_io, ram_gib, split_compare, device, cache_gib,
+                rounds):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -315,6 +323,14 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
             raise _fail(e) from None
         _bench_out(res, as_json, b.format_mtp_auto_table if mtp == "auto" else b.format_mtp_table)
         _trace_note(tracer)
+        return
+    if split_compare:
+        try:
+            res = b.bench_split(model_path, device=device, cache_gib=cache_gib, threads=threads,
+                                prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, rounds=rounds, seed=seed, log=log)
+        except (b.BenchError, StrataError) as e:
+            raise _fail(e) from None
+        _bench_out(res, as_json, b.format_split_table)
         return
     if mem_limit_gib is not None:
         if mtp or trace_path:
@@ -474,6 +490,9 @@ def _engine_options(f):
         click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default=None, help="Where experts run [default: cpu]."),
         click.option("--cache-gib", type=float, default=None, help="Expert cache size on the device, GiB."),
         click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
+        click.option("--split", type=click.Choice(["seed", "online"]), default=None,
+                     help="How that share is chosen: seed (one share from the link probe, three updates) or online "
+                          "(one per MoE layer, from live costs, every decode window) [default: seed]."),
         click.option("--sim-link-gbps", type=float, default=None,
                      help="Link bandwidth of the sim device, GB/s [default: 16]."),
         click.option("--trace-routing", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -540,7 +559,7 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
-           "ple_mode", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy")
+           "ple_mode", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "split")
 
 
 

@@ -36,6 +36,7 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
 
 EXPERT_IO = {"auto": lib.STRATA_EXPERT_IO_AUTO, "mmap": lib.STRATA_EXPERT_IO_MMAP, "direct": lib.STRATA_EXPERT_IO_DIRECT}
 EXPERT_IO_BACKENDS = {"auto": 0, "io_uring": 1, "pread": 2}
+SPLITS = {"seed": lib.STRATA_SPLIT_SEED, "online": lib.STRATA_SPLIT_ONLINE}
 _STORE_KEYS = ("active", "ram_slots", "ram_bytes", "ram_lookups", "ram_hits", "ram_groups", "ram_group_hits",
                "ram_miss_bytes", "read_bytes", "reads", "evictions", "bypassed", "read_s", "prefetch_experts",
                "prefetch_bytes", "prefetch_unused_experts", "prefetch_unused_bytes", "predicted", "predicted_right")
@@ -109,7 +110,8 @@ class Model:
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
-                 expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool = True):
+                 expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool = True,
+                 split: str = "seed"):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -141,7 +143,10 @@ class Model:
         pyrunner.model.cache_policies() lists them); expert_io_depth: reads in flight (default 32);
         expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread";
         expert_prefetch (default True): with direct reads, while layer l computes, read ahead the experts
-        layer l+1's router picks for layer l's MoE input.
+        layer l+1's router picks for layer l's MoE input. split: how the share of missing experts sent over
+        the link is chosen on a device ("seed", the default: one share, from the probe and pyrunner.controller's
+        three updates; "online": one share per MoE layer, updated every decode window from that layer's live
+        CPU cost and the link's, strata.h strata_split).
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -163,6 +168,8 @@ class Model:
             raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
         if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: choose one of {', '.join(SPLITS)}")
         if expert_io not in EXPERT_IO:
             raise ValueError(f"expert_io {expert_io!r}: choose one of {', '.join(EXPERT_IO)}")
         if expert_io_backend not in EXPERT_IO_BACKENDS:
@@ -244,6 +251,8 @@ class Model:
         p.expert_io = EXPERT_IO[expert_io]
         p.expert_io_backend = EXPERT_IO_BACKENDS[expert_io_backend]
         p.expert_prefetch = int(bool(expert_prefetch))
+        p.split = SPLITS[split]
+        self.split = split
         if ram_gib is not None:
             p.ram_bytes = int(ram_gib * (1 << 30))
         if cache_policy is not None:
@@ -336,6 +345,10 @@ class Model:
         out["staging_slots"] = int(st.staging_slots)
         out["slot_bytes"] = int(st.slot_bytes)
         out["probe_gbps"] = float(st.probe_gbps)
+        out["split"] = "online" if st.split == lib.STRATA_SPLIT_ONLINE else "seed"
+        out["split_updates"] = int(st.split_updates)
+        out["pcie_frac_min"] = float(st.pcie_frac_min)
+        out["pcie_frac_max"] = float(st.pcie_frac_max)
         return out
 
     @property
@@ -403,10 +416,11 @@ class Model:
     @property
     def controller(self):
         """The PCIe-share controller (pyrunner.controller) generate() feeds, made on first use; None on the
-        cpu device or when pcie_frac was fixed. It starts from the share libstrata set at load (the start
+        cpu device, when pcie_frac was fixed, and with split="online" (the library then sets a share per layer
+        itself). It starts from the share libstrata set at load (the start
         formula's one owner is native/src/moe/offload.c); the library is told a share only when the
         controller's own clamp (ControllerSettings.lo/hi) moves it."""
-        if self.device == "cpu" or self.pcie_frac_fixed:
+        if self.device == "cpu" or self.pcie_frac_fixed or self.split == "online":   # online: libstrata's, per layer
             return None
         if self._controller is None:
             from .controller import Controller

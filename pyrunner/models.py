@@ -414,6 +414,14 @@ def plan_model(preset: str | dict, recipe: str = "f32", seed: int = 0) -> dict:
     _, plan, _ = build_plan(p, seed)
     out, types = [], {}
     assign_types(plan.tensors, recipe)
+    alt = p.get("alternate_expert_type")
+    if alt:
+        # per-layer costs that differ (issue 21's bench-mixed): odd layers' routed experts in another type
+        import re
+        for t in plan.tensors:
+            m = re.match(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$", t.name)
+            if m and int(m.group(1)) % 2 == 1:
+                t.qtype = alt
     for t in plan.tensors:
         t.nbytes = nbytes(t.shape, t.qtype)
         out.append({"name": t.name, "type": t.qtype, "shape": list(reversed(t.shape)), "size": t.nbytes})

@@ -18,11 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
 TSAN_BUILD = ROOT / "build" / "tsan"
-TSAN_TESTS = ["test_offload"]      # native unit tests whose subject runs threads (the sim device's engines)
+TSAN_TESTS = ["test_offload", "test_xstore"]   # native unit tests whose subject runs threads (the sim device's engines, the store's reads)
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
           "tests/test_tokenizer.py", "tests/test_model_api.py", "tests/test_offload.py", "tests/test_ple.py",
           "tests/test_gemm.py", "tests/test_mtp.py", "tests/test_mtp_model.py", "tests/test_trace.py",
-          "tests/test_engine.py"]
+          "tests/test_engine.py", "tests/test_store.py"]
 
 pytestmark = [
     pytest.mark.slow,

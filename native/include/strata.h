@@ -402,7 +402,19 @@ typedef struct strata_model_params {
     int32_t expert_prefetch;   /* 1 (default): with direct reads, while layer l computes, read ahead the experts
                                   layer l+1's router picks for layer l's MoE input (windows of <= 16 tokens);
                                   0: off */
+    int32_t split;             /* strata_split: how pcie_frac is chosen; default STRATA_SPLIT_SEED */
 } strata_model_params;
+
+/* The split of missing expert groups between the link and the CPU pool (DESIGN §4). SEED: one global
+ * pcie_frac from the probe, set by the caller (pyrunner.controller's three updates). ONLINE: one share per
+ * MoE layer, updated after every decode window of that layer from live costs: the CPU pool's seconds per
+ * byte on that layer's missed groups (smoothed per layer), the link's seconds per byte (copies, smoothed
+ * over all layers), share = cpu / (cpu + link), moved a quarter of the way each time and kept within
+ * [0.02, 0.98] so both paths stay measured; strata_model_set_pcie_frac then sets every layer's share. */
+typedef enum strata_split {
+    STRATA_SPLIT_SEED = 0,
+    STRATA_SPLIT_ONLINE = 1
+} strata_split;
 
 /* How routed experts are read (issue 20). MMAP: in place from the file's mapping, through the page
  * cache (the default when they fit in the RAM the process may use). DIRECT: O_DIRECT reads of each
@@ -481,6 +493,9 @@ typedef struct strata_offload_stats {
     uint64_t copy_bytes;      /* every byte the copy engine moved (staging, admits, swaps) */
     uint64_t cache_group_hits;     /* expert GROUPS (one per active (layer, expert) of a window) found resident */
     uint64_t cache_group_lookups;  /* expert groups looked up (a group merges every pick of one expert) */
+    int32_t split;                 /* strata_split in effect */
+    uint64_t split_updates;        /* per-layer share updates (ONLINE) */
+    float pcie_frac_min, pcie_frac_max;  /* the per-layer shares' range (ONLINE; pcie_frac is their mean) */
 } strata_offload_stats;
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
 /* The share of missing expert groups sent over the link from now on (the controller's output). */

@@ -59,6 +59,7 @@ strata_model_params strata_model_default_params(void) {
     p.expert_io = STRATA_EXPERT_IO_AUTO;
     p.expert_io_depth = 64;
     p.expert_prefetch = 1;
+    p.split = STRATA_SPLIT_SEED;
     return p;
 }
 

@@ -71,12 +71,35 @@ struct off_engine {
     const char *pack;              /* expert pack mapping (NULL: copy the three pieces from the sources) */
     uint64_t pack_size;
     uint64_t *pack_layer_off;      /* per layer: offset of blob (layer, 0) in the pack */
-    char log[640];
+    char log[800];
     /* counters. Pick hits/lookups, admits and swaps have one owner, the cache (ec_get_stats); the
      * engine counts expert GROUPS here (a group merges a window's picks of one (layer, expert)). */
     uint64_t group_hits, group_lookups, pcie_groups, pcie_bytes, cpu_groups, cpu_bytes, skipped;
     double cpu_s;
+    /* the ONLINE split: per layer share and smoothed CPU seconds per byte, the link's seconds per byte,
+     * and the device counters at the start of the current layer line */
+    float *frac;
+    double *cpu_spb, link_spb;
+    uint64_t split_updates, line_copy_bytes;
+    double line_copy_s, line_dev_s;
 };
+
+enum { SPLIT_EMA_NUM = 1, SPLIT_EMA_DEN = 4 };   /* smoothing of the rates: a quarter of the new figure */
+static const float SPLIT_LO = 0.02f, SPLIT_HI = 0.98f, SPLIT_STEP = 0.25f;
+
+float off_split_step(float frac, double cpu_spb, double link_spb) {
+    if (!(cpu_spb > 0) || !(link_spb > 0)) return frac;
+    /* both paths finish together: (1 - f) * cpu_spb = f * link_spb */
+    const double target = cpu_spb / (cpu_spb + link_spb);
+    double f = frac + SPLIT_STEP * (target - frac);
+    if (f < SPLIT_LO) f = SPLIT_LO;
+    if (f > SPLIT_HI) f = SPLIT_HI;
+    return (float)f;
+}
+
+static double ema(double old, double x) {
+    return old > 0 ? old + (x - old) * SPLIT_EMA_NUM / SPLIT_EMA_DEN : x;
+}
 
 static size_t blob_bytes(const mdev_expert_shape *s) { return s->gate_bytes + s->up_bytes + s->down_bytes; }
 
@@ -250,11 +273,20 @@ strata_status off_create(const off_params *p, const off_layer_desc *layers, off_
     if (!(o->pcie_frac >= 0.0f)) o->pcie_frac = 0.0f;
     if (o->pcie_frac > 1.0f) o->pcie_frac = 1.0f;
     if (!o->dev) o->pcie_frac = 0.0f;
+    if (o->dev && p->split == STRATA_SPLIT_ONLINE) {
+        o->frac = malloc((size_t)o->n_layer * sizeof *o->frac);
+        o->cpu_spb = calloc((size_t)o->n_layer, sizeof *o->cpu_spb);
+        if (!o->frac || !o->cpu_spb) { rc = strata_fail(STRATA_ERR_NOMEM, "offload: no memory"); goto fail; }
+        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i] = o->pcie_frac;
+        /* the link's cost until copies are seen: the probe */
+        if (o->probe_gbps > 0) o->link_spb = 1.0 / (o->probe_gbps * 1e9);
+    }
     snprintf(o->log, sizeof o->log,
              "device %s: %d cache slots of %.2f MiB (%.1f%% of routed expert bytes), %d staging slots, "
-             "link probe %.2f GB/s, pcie_frac %.2f, tail skip %s%s, copies from %s",
+             "link probe %.2f GB/s, pcie_frac %.2f%s, tail skip %s%s, copies from %s",
              o->dev ? mdev_name(o->dev) : "cpu", o->n_cache_slots, (double)o->slot_bytes / (1 << 20), 100.0 * covered,
-             o->n_staging, o->probe_gbps, o->pcie_frac, o->tail_skip_why,
+             o->n_staging, o->probe_gbps, o->pcie_frac, o->frac ? " (start; split online: per layer, from live costs)" : "",
+             o->tail_skip_why,
              o->tail_skip ? (o->tail_skip == 7 ? " (rank >= 7)" : " (custom rank)") : "",
              p->no_swaps ? "the expert store's RAM slots (direct reads; admission only, no swaps)"
              : o->pack ? "the expert pack (one blob per expert)" : "the GGUF (three pieces per expert)");
@@ -268,6 +300,8 @@ fail:
 void off_free(off_engine *o) {
     if (!o) return;
     mdev_free(o->dev);
+    free(o->frac);
+    free(o->cpu_spb);
     if (o->ec) ec_free(o->ec);
     free(o->layer);
     free(o->pending);
@@ -322,6 +356,7 @@ off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, cons
         if ((int32_t)(i % K) < min_rank[pick[i]]) min_rank[pick[i]] = (int32_t)(i % K);
     publish_loads(o);
     if (il == 0) o->windows++;
+    if (o->frac && o->dev) mdev_counters(o->dev, &o->line_copy_bytes, &o->line_copy_s, &o->line_dev_s);
     o->n_pinned = 0;
     o->n_borrowed = 0;
     int64_t n_missing = 0;
@@ -384,7 +419,7 @@ off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, cons
             continue;
         }
         /* decode: spread the pcie_frac share evenly, group i goes when floor((i+1)f) > floor(i f) */
-        const double f = o->pcie_frac;
+        const double f = o->frac ? o->frac[il] : o->pcie_frac;
         const int go = stream || floor((double)(i_missing + 1) * f) > floor((double)i_missing * f);
         if (n_ring > 0 && go) {
             kind[e] = OFF_STAGE;
@@ -486,6 +521,18 @@ strata_status off_finish(off_plan *pl, double cpu_s, uint64_t cpu_groups, uint64
     o->cpu_s += cpu_s;
     o->cpu_groups += cpu_groups;
     o->cpu_bytes += cpu_bytes;
+    if (o->frac && o->dev && pl->L < o->stream_min) {
+        /* the ONLINE split, after a decode window of this layer: its CPU cost, the link's, a new share */
+        uint64_t b;
+        double cs, ds;
+        mdev_counters(o->dev, &b, &cs, &ds);
+        if (b > o->line_copy_bytes && cs > o->line_copy_s)
+            o->link_spb = ema(o->link_spb, (cs - o->line_copy_s) / (double)(b - o->line_copy_bytes));
+        if (cpu_bytes && cpu_s > 0) o->cpu_spb[il] = ema(o->cpu_spb[il], cpu_s / (double)cpu_bytes);
+        const float f = off_split_step(o->frac[il], o->cpu_spb[il], o->link_spb);
+        if (f != o->frac[il]) o->split_updates++;
+        o->frac[il] = f;
+    }
     if (o->ec && !o->p.no_swaps && il == o->n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
         ec_swap *sw = o->swaps;
         const int n = ec_plan_round(o->ec, sw, o->max_swaps);
@@ -541,6 +588,18 @@ void off_resident(off_engine *o, int32_t *per_layer, int32_t n) {
 void off_get_stats(off_engine *o, strata_offload_stats *out) {
     pthread_mutex_lock(&o->mu);
     out->pcie_frac = o->pcie_frac;
+    out->split = o->frac ? STRATA_SPLIT_ONLINE : STRATA_SPLIT_SEED;
+    out->split_updates = o->split_updates;
+    out->pcie_frac_min = out->pcie_frac_max = o->pcie_frac;
+    if (o->frac) {
+        double sum = 0;
+        for (int32_t i = 0; i < o->n_layer; i++) {
+            sum += o->frac[i];
+            if (o->frac[i] < out->pcie_frac_min) out->pcie_frac_min = o->frac[i];
+            if (o->frac[i] > out->pcie_frac_max) out->pcie_frac_max = o->frac[i];
+        }
+        out->pcie_frac = (float)(sum / o->n_layer);
+    }
     out->tail_skip = o->tail_skip;
     out->cache_slots = o->n_cache_slots;
     out->staging_slots = o->n_staging;
@@ -571,6 +630,8 @@ void off_get_stats(off_engine *o, strata_offload_stats *out) {
 void off_set_pcie_frac(off_engine *o, float pcie_frac) {
     pthread_mutex_lock(&o->mu);
     o->pcie_frac = o->dev ? pcie_frac : 0.0f;
+    if (o->frac)
+        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i] = o->pcie_frac;
     pthread_mutex_unlock(&o->mu);
 }
 

@@ -66,6 +66,7 @@ typedef struct off_params {
     int32_t max_swaps;         /* swaps per adjustment round; <= 0: the cache's default (96) */
     int32_t isa;               /* STRATA_ISA_IDX_*: kernels the sim device computes with */
     const char *expert_pack;   /* NULL or "": copy the pieces from the descriptors' sources */
+    int32_t split;             /* strata_split */
     int32_t no_swaps;          /* 1: no adjustment rounds: the cache fills by admission only (the expert
                                   store's direct reads: a swap's copy, landing later, would read a RAM
                                   slot the store may reuse first) */
@@ -110,8 +111,13 @@ strata_status off_finish(off_plan *p, double cpu_s, uint64_t cpu_groups, uint64_
 void off_counts(off_engine *o, uint64_t *hits, uint64_t *lookups);
 /* Every counter and setting since creation (strata_offload_stats, except `device`). */
 void off_get_stats(off_engine *o, strata_offload_stats *out);
-/* From now on (clamped: 0 without a device). */
+/* From now on (clamped: 0 without a device); with the ONLINE split every layer's share starts from it. */
 void off_set_pcie_frac(off_engine *o, float pcie_frac);
+
+/* The ONLINE split's rule (strata.h strata_split), one layer's update from one window's measurements:
+ * cpu_spb (this layer's smoothed CPU seconds per byte) and link_spb (the link's, all layers) -> the new
+ * share from the old one. Pure, for tests. */
+float off_split_step(float frac, double cpu_spb, double link_spb);
 /* One line on how the engine was set up; valid until off_free. */
 const char *off_log(const off_engine *o);
 /* READY cache slots per layer (per_layer[0..n) zeroed first). */

@@ -56,6 +56,7 @@ strata_model_params strata_model_default_params(void) {
     p.ple_step_timeout_s = pp.step_timeout_s;
     p.ple_test_stall_ms = pp.test_stall_ms;
     p.ple_test_stall_at = pp.test_stall_at;
+    p.ple_cache_bytes = pp.cache_bytes;
     return p;
 }
 

@@ -27,6 +27,7 @@ ple_params ple_default_params(void) {
     p.step_timeout_s = 300.0;
     p.test_stall_ms = 0;
     p.test_stall_at = 0;
+    p.cache_bytes = 64ull << 20;
     return p;
 }
 
@@ -106,6 +107,42 @@ static uint64_t probe_rng(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+/* Direct mode: the O_DIRECT descriptor for reads without prefetch (ple.h). The alignment is found by
+ * reading: 512 bytes at offset 0 into a 4 KiB-aligned buffer, then 4096 if the device refuses 512.
+ * Appends what happened to t->why. */
+static void open_direct(ple_table *t) {
+    t->dfd = -1;
+    t->dio_align = 0;
+    if (t->mode != PLE_MODE_DIRECT || !t->path[0]) return;
+    const size_t w = strlen(t->why);
+    const int fd = open(t->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0) {
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT refused (%s): buffered pread", strerror(errno));
+        return;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, PLE_PAGE, PLE_PAGE) != 0) {
+        close(fd);
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT unused (no memory): buffered pread");
+        return;
+    }
+    const unsigned tries[2] = {PLE_SECTOR, PLE_PAGE};
+    int err = 0;
+    for (int k = 0; k < 2 && !t->dio_align; k++) {
+        const ssize_t r = pread(fd, buf, tries[k], 0);
+        if (r >= 0) t->dio_align = tries[k];
+        else err = errno;
+    }
+    free(buf);
+    if (!t->dio_align) {
+        close(fd);
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT reads fail (%s): buffered pread", strerror(err));
+        return;
+    }
+    t->dfd = fd;
+    snprintf(t->why + w, sizeof t->why - w, "; decode steps O_DIRECT, %u-byte sectors", t->dio_align);
+}
+
 /* Settles the mode: applies MADV_RANDOM / FADV_RANDOM and, for auto, runs the probe. */
 static void settle(ple_table *t, int mode, const ple_params *p) {
     const ple_params dflt = ple_default_params();
@@ -182,6 +219,7 @@ strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_b
                                     const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
+    t->dfd = -1;
     t->rows = rows;
     t->row_bytes = row_bytes;
     t->n_rows = n_rows;
@@ -199,6 +237,7 @@ strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_b
         if (t->fd < 0) t->path[0] = 0;
     }
     settle(t, mode, p);
+    open_direct(t);
     return STRATA_OK;
 }
 
@@ -206,6 +245,7 @@ strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_byt
                                   const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
+    t->dfd = -1;
     if (strlen(path) >= sizeof t->path)
         return strata_fail(STRATA_ERR_INVALID_ARG, "PLE table path is too long: %s", path);
     snprintf(t->path, sizeof t->path, "%s", path);
@@ -239,14 +279,16 @@ strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_byt
     t->n_rows = n_rows;
     t->file_off = 0;
     settle(t, mode, p);
+    open_direct(t);
     return STRATA_OK;
 }
 
 void ple_table_close(ple_table *t) {
     if (t->own_map) munmap(t->own_map, t->own_len);
     if (t->fd >= 0) close(t->fd);
+    if (t->dfd >= 0) close(t->dfd);
     t->own_map = NULL;
-    t->fd = -1;
+    t->fd = t->dfd = -1;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -298,6 +340,71 @@ strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, ui
     }
     for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)i * rb, t->rows + rows[i] * rb, rb);
     return STRATA_OK;
+}
+
+static int cmp_span(const void *a, const void *b) {
+    const ple_span *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint8_t *dst,
+                              uint8_t *bounce, size_t bounce_len, ple_span *sc, uint64_t *req_bytes) {
+    const uint64_t A = t->dio_align, rb = t->row_bytes;
+    *req_bytes = 0;
+    for (int64_t k = 0; k < n; k++) {
+        sc[k].lo = t->file_off + rows[idx[k]] * rb;      /* byte offset; sorted, then grouped into runs */
+        sc[k].i = idx[k];
+    }
+    qsort(sc, (size_t)n, sizeof *sc, cmp_span);
+    for (int64_t k = 0; k < n;) {
+        const uint64_t s0 = sc[k].lo / A;
+        uint64_t s1 = (sc[k].lo + rb - 1) / A;             /* last sector of the run */
+        int64_t j = k + 1;
+        while (j < n) {
+            const uint64_t lo = sc[j].lo / A, hi = (sc[j].lo + rb - 1) / A;
+            if (lo > s1 + 1 || (hi + 1 - s0) * A > bounce_len) break;
+            if (hi > s1) s1 = hi;
+            j++;
+        }
+        const size_t len = (size_t)((s1 + 1 - s0) * A);
+        size_t got = 0;
+        while (got < len) {
+            const ssize_t r = pread(t->dfd, bounce + got, len - got, (off_t)(s0 * A + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0)
+                return strata_fail(STRATA_ERR_IO, "PLE table %s: O_DIRECT read of %zu bytes at %llu failed: %s", t->path,
+                                   len, (unsigned long long)(s0 * A), strerror(errno));
+            if (r == 0) break;                           /* end of file: the last sector is short */
+            got += (size_t)r;
+            if (got % A) break;
+        }
+        *req_bytes += len;
+        for (int64_t q = k; q < j; q++) {
+            const uint64_t at = sc[q].lo - s0 * A;
+            if (at + rb > got)
+                return strata_fail(STRATA_ERR_IO, "PLE table %s: O_DIRECT read of row %llu came back short (%zu bytes)",
+                                   t->path, (unsigned long long)rows[sc[q].i], got);
+            memcpy(dst + (size_t)sc[q].i * rb, bounce + at, rb);
+        }
+        k = j;
+    }
+    return STRATA_OK;
+}
+
+uint64_t ple_distinct_units(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint64_t unit,
+                            uint64_t *scratch) {
+    if (n <= 0) return 0;
+    const uint64_t base = t->fd >= 0 ? t->file_off : (uint64_t)(uintptr_t)t->rows;
+    for (int64_t k = 0; k < n; k++) {
+        const uint64_t a = base + rows[idx ? idx[k] : k] * t->row_bytes;
+        scratch[2 * k] = a / unit;
+        scratch[2 * k + 1] = (a + t->row_bytes - 1) / unit;
+    }
+    qsort(scratch, (size_t)n * 2, sizeof(uint64_t), cmp_u64);
+    uint64_t u = 0;
+    for (int64_t k = 0; k < 2 * n; k++)
+        if (k == 0 || scratch[k] != scratch[k - 1]) u++;
+    return u;
 }
 
 strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total) {
@@ -439,15 +546,48 @@ static void thread_faults(uint64_t *maj, uint64_t *min) {
     *min = (uint64_t)ru.ru_minflt;
 }
 
+/* The gather of a step (ple.h): rows found in the row cache are copied from it; the rest are read
+ * from the table (O_DIRECT runs for a direct-mode step without prefetch, else buffered pread or a copy
+ * from the mapping) and stored in the cache. Cache off: exactly the reads of before the cache. */
+static strata_status gather_step(ple_worker *w, int64_t n, ple_result *r) {
+    const ple_table *t = w->table;
+    const size_t rb = t->row_bytes;
+    const int odirect = t->mode == PLE_MODE_DIRECT && t->dfd >= 0 && !w->prefetch;
+    int64_t nm = 0;
+    if (w->cache.cap) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *p = ple_cache_find(&w->cache, w->rows[i]);
+            if (p) memcpy(w->buf + (size_t)i * rb, p, rb);
+            else w->miss[nm++] = i;
+        }
+        r->cache_lookups = (uint64_t)n;
+        r->cache_hits = (uint64_t)(n - nm);
+    } else {
+        if (!odirect) return ple_gather(t, w->rows, n, w->buf);
+        for (int64_t i = 0; i < n; i++) w->miss[i] = i;
+        nm = n;
+    }
+    strata_status rc = STRATA_OK;
+    if (odirect) {
+        rc = ple_read_direct(t, w->rows, w->miss, nm, w->buf, w->bounce, PLE_BOUNCE, w->spans, &r->direct_bytes);
+    } else {
+        for (int64_t k = 0; k < nm && !rc; k++)
+            rc = ple_gather(t, w->rows + w->miss[k], 1, w->buf + (size_t)w->miss[k] * rb);
+    }
+    if (rc || !w->cache.cap) return rc;
+    for (int64_t k = 0; k < nm; k++) ple_cache_put(&w->cache, w->rows[w->miss[k]], w->buf + (size_t)w->miss[k] * rb);
+    return STRATA_OK;
+}
+
 static void do_step(ple_worker *w) {
-    ple_result *r = &w->result;
+    ple_result local, *r = w->warm ? &local : &w->result;
     memset(r, 0, sizeof *r);
     const int64_t n = w->n_tok * w->n_heads;
     const uint64_t rb0 = thread_read_bytes();
     uint64_t maj0, min0, maj1, min1;
     thread_faults(&maj0, &min0);
     const double t0 = ple_now();
-    const int tr = trc_on();
+    const int tr = trc_on() && !w->warm;
     const uint64_t tt0 = tr ? trc_now() : 0;
     ple_hash_rows(w->hash, w->hist, w->n_tok, w->rows);
     for (int64_t i = 0; i < n; i++)
@@ -460,7 +600,7 @@ static void do_step(ple_worker *w) {
     const double t1 = ple_now();
     if (w->prefetch) r->prefetch_pages = ple_prefetch(w->table, w->rows, n);
     const double t2 = ple_now();
-    r->status = ple_gather(w->table, w->rows, n, w->buf);
+    r->status = gather_step(w, n, r);
     if (r->status) snprintf(r->error, sizeof r->error, "%s", strata_last_error());
     const double t3 = ple_now();
     thread_faults(&maj1, &min1);
@@ -477,6 +617,23 @@ static void do_step(ple_worker *w) {
     r->hash_s = t1 - t0;
     r->prefetch_s = t2 - t1;
     r->gather_s = t3 - t2;
+    /* the floors (ple.h): distinct pages / sectors of the step's rows, and of those the cache missed */
+    const int64_t nm = (int64_t)(r->cache_lookups - r->cache_hits);
+    r->floor_pages = ple_distinct_units(w->table, w->rows, NULL, n, PLE_PAGE, w->units);
+    r->floor_sectors = ple_distinct_units(w->table, w->rows, NULL, n, PLE_SECTOR, w->units);
+    r->miss_pages = w->cache.cap ? ple_distinct_units(w->table, w->rows, w->miss, nm, PLE_PAGE, w->units) : r->floor_pages;
+    r->miss_sectors = w->cache.cap ? ple_distinct_units(w->table, w->rows, w->miss, nm, PLE_SECTOR, w->units)
+                                   : r->floor_sectors;
+    if (w->warm) {                 /* a read-ahead: what it read, for the session of the next step */
+        ple_result *a = &w->warm_acc;
+        a->rows += (uint64_t)nm;   /* rows read into the cache */
+        a->read_bytes += r->read_bytes;
+        a->major_faults += r->major_faults;
+        a->minor_faults += r->minor_faults;
+        a->miss_pages += r->miss_pages;
+        a->miss_sectors += r->miss_sectors;
+        a->direct_bytes += r->direct_bytes;
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -514,9 +671,22 @@ static int grow(ple_worker *w, int64_t L) {
     if (r) w->rows = r;
     uint8_t *b = realloc(w->buf, (size_t)(L * w->n_heads) * w->table->row_bytes);
     if (b) w->buf = b;
-    if (!h || !r || !b) return 0;
+    int64_t *mi = realloc(w->miss, (size_t)(L * w->n_heads) * sizeof(int64_t));
+    if (mi) w->miss = mi;
+    uint64_t *u = realloc(w->units, (size_t)(2 * L * w->n_heads) * sizeof(uint64_t));
+    if (u) w->units = u;
+    ple_span *sp = realloc(w->spans, (size_t)(L * w->n_heads) * sizeof(ple_span));
+    if (sp) w->spans = sp;
+    if (!h || !r || !b || !mi || !u || !sp) return 0;
     w->alloc = L;
     return 1;
+}
+
+static void worker_free(ple_worker *w) {
+    free(w->hist); free(w->rows); free(w->buf);
+    free(w->miss); free(w->units); free(w->spans); free(w->bounce);
+    w->hist = NULL; w->rows = NULL; w->buf = NULL; w->miss = NULL; w->units = NULL; w->spans = NULL; w->bounce = NULL;
+    ple_cache_free(&w->cache);
 }
 
 strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap,
@@ -532,8 +702,12 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     w->stall_ms = p->test_stall_ms;
     w->stall_at = p->test_stall_at;        /* before pthread_create: the worker only reads it */
     w->prefetch = t->prefetch;
-    if (!grow(w, cap < 16 ? cap : 16)) {
-        free(w->hist); free(w->rows); free(w->buf);
+    strata_status rc = ple_cache_init(&w->cache, p->cache_bytes, t->row_bytes, (uint64_t)t->n_rows);
+    if (rc) return rc;
+    if (t->dfd >= 0 && posix_memalign((void **)&w->bounce, t->dio_align > PLE_PAGE ? t->dio_align : PLE_PAGE, PLE_BOUNCE))
+        w->bounce = NULL;
+    if (!grow(w, cap < 16 ? cap : 16) || (t->dfd >= 0 && !w->bounce)) {
+        worker_free(w);
         return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers");
     }
     pthread_mutex_init(&w->mu, NULL);
@@ -541,7 +715,7 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
-        free(w->hist); free(w->rows); free(w->buf);
+        worker_free(w);
         return strata_fail(STRATA_ERR_INTERNAL, "PLE: cannot start the gather worker thread");
     }
     w->started = 1;
@@ -557,7 +731,7 @@ void ple_worker_stop(ple_worker *w) {
     pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
-    free(w->hist); free(w->rows); free(w->buf);
+    worker_free(w);
     w->started = 0;
 }
 
@@ -620,12 +794,34 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;
     w->prefetch = w->table->prefetch && L > 1;
+    w->warm = 0;
     pthread_mutex_lock(&w->mu);
     *seq = prev + 1;
     atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return STRATA_OK;
+}
+
+int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64_t L) {
+    (void)owner;                   /* the channel is taken and released within this call, under mu */
+    if (!w->cache.cap || L <= 0) return 0;
+    if (L > w->alloc) L = w->alloc;                  /* no growing here: the first L tokens */
+    pthread_mutex_lock(&w->mu);
+    const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
+    if (w->owner || atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev) {
+        pthread_mutex_unlock(&w->mu);              /* busy: advisory, so skipped */
+        return 0;
+    }
+    /* the channel is free and the worker idle; holding mu keeps both so while the request is written */
+    memcpy(w->hist, hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
+    w->n_tok = L;
+    w->prefetch = w->table->prefetch && L > 1;
+    w->warm = 1;
+    atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 1;
 }
 
 strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s) {

@@ -465,6 +465,9 @@ def _engine_options(f):
         click.option("--mtp-max", type=click.IntRange(min=1), default=None,
                      help="The most drafts --mtp auto tries per window [default: 3]."),
         click.option("--ple-mode", type=click.Choice(["auto", "mmap", "direct"]), default=None, help="PLE table access."),
+        click.option("--ple-cache-mib", type=click.FloatRange(min=0), default=None,
+                     help="RAM for PLE table rows kept by row id (gathers read only the rows it misses), MiB; "
+                          "0 = off [default: 64]."),
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
                           "counters); draw it with `strata plot`."),
@@ -509,7 +512,7 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
-           "ple_mode", "sim_link_gbps", "repack")
+           "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack")
 
 
 

@@ -341,12 +341,27 @@ static void test_direct_reads_and_floors(void) {
         ple_span sp[16];
         uint8_t buf[16 * ROWB];
         uint64_t req = 0;
-        CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, PLE_BOUNCE, sp, &req) == STRATA_OK);
-        for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
-        if (t.dio_align == 512) CHECK(req == 512ull * 7);   /* runs 0-1, 7-8, 351, 702-703 */
-        /* a run longer than the bounce buffer is split */
-        CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, 1024, sp, &req) == STRATA_OK);
-        for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
+        ple_aio *aio = ple_aio_open();
+        for (int with_aio = 0; with_aio < 2; with_aio++) {
+            ple_aio *a = with_aio ? aio : NULL;
+            memset(buf, 0, sizeof buf);
+            CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, PLE_BOUNCE, sp, a, &req) == STRATA_OK);
+            for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
+            if (t.dio_align == 512) CHECK(req == 512ull * 7);   /* runs 0-1, 7-8, 351, 702-703 */
+            /* a bounce buffer of two sectors: runs split into batches (and runs capped at two sectors) */
+            memset(buf, 0, sizeof buf);
+            CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, 1024, sp, a, &req) == STRATA_OK);
+            for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
+        }
+        /* many rows: more runs than PLE_AIO_DEPTH in one call */
+        uint64_t many[300];
+        int64_t mi[300];
+        ple_span msp[300];
+        static uint8_t mbuf[300 * ROWB];
+        for (int i = 0; i < 300; i++) { many[i] = (uint64_t)(i * 13) % NROWS; mi[i] = i; }
+        CHECK(ple_read_direct(&t, many, mi, 300, mbuf, bounce, PLE_BOUNCE, msp, aio, &req) == STRATA_OK);
+        for (int i = 0; i < 300; i++) CHECK(row_ok(mbuf + i * ROWB, many[i]));
+        ple_aio_close(aio);
         free(bounce);
     } else {
         CHECK(strstr(t.why, "O_DIRECT") != NULL);

@@ -15,7 +15,7 @@
  *           sectors (the device's logical block; 4 KiB where it needs that) into an aligned bounce
  *           buffer, the rows sorted by sector and rows sharing or touching sectors read as one run,
  *           so a cold 90-byte row costs 512 or 1024 bytes of storage, not the 4 KiB page a buffered
- *           pread fills. A prefetched (multi-token) step keeps the buffered descriptor: WILLNEED
+ *           pread fills; the runs are in flight together (Linux AIO, up to PLE_AIO_DEPTH). A prefetched (multi-token) step keeps the buffered descriptor: WILLNEED
  *           overlaps its page reads, and O_DIRECT would read those pages again. Where O_DIRECT is
  *           refused (tmpfs, some filesystems) every step uses the buffered pread; `why` says so.
  * "auto" picks one with a short read probe at open; ple_table.why says which and why.
@@ -85,7 +85,8 @@
 #define PLE_MAX_HEADS 64
 #define PLE_PAGE 4096u
 #define PLE_SECTOR 512u
-#define PLE_BOUNCE (1u << 20)   /* bytes of one O_DIRECT read at most */
+#define PLE_BOUNCE (1u << 20)   /* bytes of O_DIRECT reads in flight at once (and of one read) at most */
+#define PLE_AIO_DEPTH 64        /* O_DIRECT reads in flight at once at most */
 
 enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
 
@@ -147,11 +148,15 @@ uint64_t ple_prefetch(const ple_table *t, const uint64_t *rows, int64_t n);
 /* Copies rows[0..n) to dst (n * row_bytes). IO on a failed pread. */
 strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, uint8_t *dst);
 /* O_DIRECT reads (t->dfd) of rows[idx[0..n)] into dst + idx[i] * row_bytes: sorted by sector, runs of
- * touching sectors read whole (at most `bounce_len` bytes a read) through `bounce` (dio_align-aligned).
- * sc: n entries of scratch. Returns the bytes asked of storage in *req_bytes. */
+ * touching sectors read whole (at most `bounce_len` bytes a read) through `bounce` (dio_align-aligned),
+ * up to PLE_AIO_DEPTH runs in flight together through `aio` (NULL: one after the other). sc: n entries
+ * of scratch. Returns the bytes asked of storage in *req_bytes. */
 typedef struct { uint64_t lo; int64_t i; } ple_span;
+typedef struct ple_aio ple_aio;      /* a Linux AIO context (io_setup) and its request table; one thread */
+ple_aio *ple_aio_open(void);         /* NULL where the kernel refuses one */
+void ple_aio_close(ple_aio *a);
 strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint8_t *dst,
-                              uint8_t *bounce, size_t bounce_len, ple_span *sc, uint64_t *req_bytes);
+                              uint8_t *bounce, size_t bounce_len, ple_span *sc, ple_aio *aio, uint64_t *req_bytes);
 /* Distinct `unit`-byte blocks of the file (4096: pages, 512: sectors) holding rows[idx[i]] (idx NULL:
  * rows[0..n)); scratch: 2n entries. */
 uint64_t ple_distinct_units(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint64_t unit,
@@ -229,6 +234,7 @@ typedef struct {
     uint64_t *units;             /* [2 * alloc * NH] scratch of ple_distinct_units */
     ple_span *spans;             /* [alloc * NH] scratch of ple_read_direct */
     uint8_t *bounce;             /* [PLE_BOUNCE] aligned O_DIRECT buffer (NULL without dfd) */
+    ple_aio *aio;                /* the O_DIRECT reads' AIO context (NULL: none, reads one by one) */
     int64_t cap;                 /* most tokens a step may have */
     int64_t alloc;               /* tokens the buffers hold now (grown on demand up to cap) */
     /* settings */

@@ -329,11 +329,23 @@ static void test_direct_reads_and_floors(void) {
     const int64_t n = sizeof rows / sizeof rows[0];
     int64_t idx[16];
     for (int64_t i = 0; i < n; i++) idx[i] = i;
-    uint64_t sc[32];
+    ple_span sc[32];
+    uint64_t pages = 0, sectors = 0;
     /* bytes 0..89, 90..179: sector 0; 450..539 spans sectors 0-1, 540..629 sector 1; 3999 x 90 = 359910..359999:
        sectors 702-703; 45 x 90 = 4050..4139: sectors 7-8 (pages 0-1), 46: 8; 2000 x 90 = 180000..180089: 351 */
-    CHECK(ple_distinct_units(&t, rows, NULL, n, 512, sc) == 7);
-    CHECK(ple_distinct_units(&t, rows, NULL, 2, 4096, sc) == 1);
+    ple_floors(&t, rows, NULL, n, sc, &pages, &sectors);
+    CHECK(sectors == 7 && pages == 4);                   /* pages 0, 1, 43, 87 */
+    ple_floors(&t, rows, NULL, 2, sc, &pages, &sectors);
+    CHECK(sectors == 1 && pages == 1);
+    const int64_t some[] = {4, 7};                       /* rows 3999 and 2000 only */
+    ple_floors(&t, rows, some, 2, sc, &pages, &sectors);
+    CHECK(sectors == 3 && pages == 2);
+    /* a row wider than a sector counts every sector it covers (here 1,500-byte rows: 3 or 4 sectors) */
+    ple_table wide = t;
+    wide.row_bytes = 1500;
+    const uint64_t w2[] = {0, 1, 7};                     /* 0..1499: 0-2; 1500..2999: 2-5; 10500..11999: 20-23 */
+    ple_floors(&wide, w2, NULL, 3, sc, &pages, &sectors);
+    CHECK(sectors == 10 && pages == 2);                  /* pages 0 and 2 */
     if (t.dfd >= 0) {
         CHECK(t.dio_align == 512 || t.dio_align == 4096);
         uint8_t *bounce = NULL;

@@ -157,10 +157,10 @@ ple_aio *ple_aio_open(void);         /* NULL where the kernel refuses one */
 void ple_aio_close(ple_aio *a);
 strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint8_t *dst,
                               uint8_t *bounce, size_t bounce_len, ple_span *sc, ple_aio *aio, uint64_t *req_bytes);
-/* Distinct `unit`-byte blocks of the file (4096: pages, 512: sectors) holding rows[idx[i]] (idx NULL:
- * rows[0..n)); scratch: 2n entries. */
-uint64_t ple_distinct_units(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint64_t unit,
-                            uint64_t *scratch);
+/* The floors of reading rows[idx[0..n)] (idx NULL: rows[0..n)): the distinct 4 KiB pages and 512-byte
+ * sectors of the file holding them (every sector and page a row touches); sc: n entries of scratch. */
+void ple_floors(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, ple_span *sc, uint64_t *pages,
+                uint64_t *sectors);
 
 /* ---------------------------------------------------------------- the row cache
  * A RAM tier of table rows keyed by row id: rows, not pages, so a 90-byte row costs 90 bytes of RAM
@@ -231,8 +231,7 @@ typedef struct {
     /* worker-owned */
     ple_cache cache;
     int64_t *miss;               /* [alloc * NH] indexes of the rows the cache missed */
-    uint64_t *units;             /* [2 * alloc * NH] scratch of ple_distinct_units */
-    ple_span *spans;             /* [alloc * NH] scratch of ple_read_direct */
+    ple_span *spans;             /* [alloc * NH] scratch of ple_read_direct and ple_floors */
     uint8_t *bounce;             /* [PLE_BOUNCE] aligned O_DIRECT buffer (NULL without dfd) */
     ple_aio *aio;                /* the O_DIRECT reads' AIO context (NULL: none, reads one by one) */
     int64_t cap;                 /* most tokens a step may have */

@@ -486,20 +486,28 @@ strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const in
     return STRATA_OK;
 }
 
-uint64_t ple_distinct_units(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint64_t unit,
-                            uint64_t *scratch) {
-    if (n <= 0) return 0;
+void ple_floors(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, ple_span *sc, uint64_t *pages,
+                uint64_t *sectors) {
+    *pages = *sectors = 0;
+    if (n <= 0) return;
     const uint64_t base = t->fd >= 0 ? t->file_off : (uint64_t)(uintptr_t)t->rows;
-    for (int64_t k = 0; k < n; k++) {
+    const uint64_t per = PLE_PAGE / PLE_SECTOR;
+    for (int64_t k = 0; k < n; k++) {                    /* each row's first and last sector */
         const uint64_t a = base + rows[idx ? idx[k] : k] * t->row_bytes;
-        scratch[2 * k] = a / unit;
-        scratch[2 * k + 1] = (a + t->row_bytes - 1) / unit;
+        sc[k].lo = a / PLE_SECTOR;
+        sc[k].i = (int64_t)((a + t->row_bytes - 1) / PLE_SECTOR);
     }
-    qsort(scratch, (size_t)n * 2, sizeof(uint64_t), cmp_u64);
-    uint64_t u = 0;
-    for (int64_t k = 0; k < 2 * n; k++)
-        if (k == 0 || scratch[k] != scratch[k - 1]) u++;
-    return u;
+    qsort(sc, (size_t)n, sizeof *sc, cmp_span);
+    /* the union of the intervals, in sectors and in pages (a page is `per` whole sectors, so the pages of
+     * the sorted sector intervals are sorted too) */
+    uint64_t s_end = 0, p_end = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const uint64_t lo = sc[k].lo, hi = (uint64_t)sc[k].i, plo = lo / per, phi = hi / per;
+        if (k == 0 || lo > s_end) { *sectors += hi - lo + 1; s_end = hi; }
+        else if (hi > s_end) { *sectors += hi - s_end; s_end = hi; }
+        if (k == 0 || plo > p_end) { *pages += phi - plo + 1; p_end = phi; }
+        else if (phi > p_end) { *pages += phi - p_end; p_end = phi; }
+    }
 }
 
 strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total) {
@@ -714,11 +722,9 @@ static void do_step(ple_worker *w) {
     r->gather_s = t3 - t2;
     /* the floors (ple.h): distinct pages / sectors of the step's rows, and of those the cache missed */
     const int64_t nm = (int64_t)(r->cache_lookups - r->cache_hits);
-    r->floor_pages = ple_distinct_units(w->table, w->rows, NULL, n, PLE_PAGE, w->units);
-    r->floor_sectors = ple_distinct_units(w->table, w->rows, NULL, n, PLE_SECTOR, w->units);
-    r->miss_pages = w->cache.cap ? ple_distinct_units(w->table, w->rows, w->miss, nm, PLE_PAGE, w->units) : r->floor_pages;
-    r->miss_sectors = w->cache.cap ? ple_distinct_units(w->table, w->rows, w->miss, nm, PLE_SECTOR, w->units)
-                                   : r->floor_sectors;
+    ple_floors(w->table, w->rows, NULL, n, w->spans, &r->floor_pages, &r->floor_sectors);
+    if (w->cache.cap) ple_floors(w->table, w->rows, w->miss, nm, w->spans, &r->miss_pages, &r->miss_sectors);
+    else r->miss_pages = r->floor_pages, r->miss_sectors = r->floor_sectors;
     if (w->warm) {                 /* a read-ahead: what it read, for the session of the next step */
         ple_result *a = &w->warm_acc;
         a->rows += (uint64_t)nm;   /* rows read into the cache */
@@ -768,21 +774,19 @@ static int grow(ple_worker *w, int64_t L) {
     if (b) w->buf = b;
     int64_t *mi = realloc(w->miss, (size_t)(L * w->n_heads) * sizeof(int64_t));
     if (mi) w->miss = mi;
-    uint64_t *u = realloc(w->units, (size_t)(2 * L * w->n_heads) * sizeof(uint64_t));
-    if (u) w->units = u;
     ple_span *sp = realloc(w->spans, (size_t)(L * w->n_heads) * sizeof(ple_span));
     if (sp) w->spans = sp;
-    if (!h || !r || !b || !mi || !u || !sp) return 0;
+    if (!h || !r || !b || !mi || !sp) return 0;
     w->alloc = L;
     return 1;
 }
 
 static void worker_free(ple_worker *w) {
     free(w->hist); free(w->rows); free(w->buf);
-    free(w->miss); free(w->units); free(w->spans); free(w->bounce);
+    free(w->miss); free(w->spans); free(w->bounce);
     ple_aio_close(w->aio);
     w->aio = NULL;
-    w->hist = NULL; w->rows = NULL; w->buf = NULL; w->miss = NULL; w->units = NULL; w->spans = NULL; w->bounce = NULL;
+    w->hist = NULL; w->rows = NULL; w->buf = NULL; w->miss = NULL; w->spans = NULL; w->bounce = NULL;
     ple_cache_free(&w->cache);
 }
 

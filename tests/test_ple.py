@@ -379,6 +379,38 @@ def test_bench_ple_cli(tiny):
                                                                     ("direct", False), ("direct", True)]
     assert all(p["rows"] == 40 * 4 for p in res["prefill"]) and all(g["rows"] == 5 * 4 for g in res["gather"])
     assert all((p["prefetch_pages"] > 0) == p["prefetch"] for p in res["prefill"])
+    # issue 21.3: storage per decode token against the access mode's floor, cache off and on, cold then warm
+    fl = res["floor"]
+    assert [(r["mode"], r["cache_mib"], r["phase"]) for r in fl] == [
+        (m, c, p) for m in ("mmap", "direct") for c in (0.0, 64.0) for p in ("cold", "warm")]
+    for r in fl:
+        assert r["tokens"] == 3 and r["floor_kib_per_token"] > 0 and r["vs_seed"] >= 0
+        assert r["sector_floor_kib_per_token"] <= 4 * 1.0 and r["page_floor_kib_per_token"] <= 4 * 8.0
+        assert (r["hit_rate"] is None) == (r["cache_mib"] == 0)
+    on_warm = [r for r in fl if r["cache_mib"] and r["phase"] == "warm"]
+    assert all(r["hit_rate"] == 1.0 and r["miss_floor_kib_per_token"] == 0 for r in on_warm)
+    assert res["seed_kib_per_token"] == 57.0
+
+
+def test_bench_ple_corpus_hit_rate(tiny, tmp_path):
+    corpus = tmp_path / "ids.npy"
+    np.save(corpus, np.asarray(_TEXT, dtype=np.int32))
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", tiny, "--json", "--decode-tokens", "2", "--prompt-tokens", "8",
+                                 "--gather-tokens", "2", "--threads", "1", "--corpus", str(corpus),
+                                 "--corpus-budgets", "0.006103515625,1"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["decode_ids"] == "corpus" and res["corpus"]["tokens"] == len(_TEXT)
+    small, big = res["corpus"]["runs"]
+    assert small["cache_rows"] == 100 and big["cache_rows"] == big["table_rows"]
+    assert small["lookups"] == big["lookups"] == 4 * len(_TEXT)
+    assert 0 < small["hit_rate"] <= big["hit_rate"] < 1          # the second half of the text repeats the first
+    assert big["saved_row_bytes"] == 64 * big["hits"] and big["saved_sector_bytes_per_token"] > 0
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.asarray([10**6], dtype=np.int32))
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", tiny, "--decode-tokens", "1", "--prompt-tokens", "4",
+                                 "--gather-tokens", "1", "--threads", "1", "--corpus", str(bad)])
+    assert r.exit_code != 0 and "token ids must lie in" in r.output
 
 
 def test_bench_ple_refuses_a_model_without_ple(tmp_path):

@@ -185,6 +185,7 @@ def test_greedy_generation_is_the_same_with_and_without_the_row_cache(tiny_mtp):
             out[(mib, mtp)] = (c.tokens, s)
     for key, (tokens, _) in out.items():
         assert tokens == out[(0, 0)][0], key
+    assert c.stats["ple_cache_lookups"] == c.stats["ple_rows"] > 0 and 0 < c.stats["ple_cache_hits"] <= c.stats["ple_rows"]
     for mib in (40 * 64 / 2**20, None):       # MTP windows read their rows ahead; plain decode does not
         warm = lambda st: st["ple_prefill_warm_rows"] + st["ple_decode_warm_rows"]
         assert warm(out[(mib, 2)][1]) > 0 and warm(out[(mib, 0)][1]) == 0

@@ -907,14 +907,14 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
 
 int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64_t L) {
     (void)owner;                   /* the channel is taken and released within this call, under mu */
-    if (!w->cache.cap || L <= 0) return 0;
-    if (L > w->alloc) L = w->alloc;                  /* no growing here: the first L tokens */
+    if (!w->cache.cap || L <= 0) return 0;         /* cap is set before the worker starts, then only read */
     pthread_mutex_lock(&w->mu);
     const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
     if (w->owner || atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev) {
         pthread_mutex_unlock(&w->mu);              /* busy: advisory, so skipped */
         return 0;
     }
+    if (L > w->alloc) L = w->alloc;  /* no growing here: the first L tokens (alloc changes only under an owner) */
     /* the channel is free and the worker idle; holding mu keeps both so while the request is written */
     memcpy(w->hist, hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;

@@ -11,16 +11,19 @@
  *           are file-backed page cache and stay evictable.
  *   direct  pread() of exactly the needed rows into the engine's buffer, on our own descriptor
  *           with POSIX_FADV_RANDOM (no readahead). A step without WILLNEED prefetch (decode: one
- *           token) reads through a second descriptor opened with O_DIRECT: whole aligned 512-byte
+ *           token, or a verify window of up to PLE_DIRECT_STEP_MAX tokens: such steps skip WILLNEED)
+ *           reads through a second descriptor opened with O_DIRECT: whole aligned 512-byte
  *           sectors (the device's logical block; 4 KiB where it needs that) into an aligned bounce
  *           buffer, the rows sorted by sector and rows sharing or touching sectors read as one run,
  *           so a cold 90-byte row costs 512 or 1024 bytes of storage, not the 4 KiB page a buffered
- *           pread fills; the runs are in flight together (Linux AIO, up to PLE_AIO_DEPTH). A prefetched (multi-token) step keeps the buffered descriptor: WILLNEED
- *           overlaps its page reads, and O_DIRECT would read those pages again. Where O_DIRECT is
+ *           pread fills; the runs are in flight together (Linux AIO, up to PLE_AIO_DEPTH). A longer
+ *           (prefill) step keeps the buffered descriptor and WILLNEED: it overlaps the page reads of
+ *           thousands of rows, and O_DIRECT would read those pages again. Where O_DIRECT is
  *           refused (tmpfs, some filesystems) every step uses the buffered pread; `why` says so.
  * "auto" picks one with a short read probe at open; ple_table.why says which and why.
  *
- * Prefetch: for a step of more than one token every needed row is known up front; the rows are
+ * Prefetch: for a step of more than one token (in direct mode with O_DIRECT: of more than
+ * PLE_DIRECT_STEP_MAX tokens) every needed row is known up front; the rows are
  * mapped to their first and last 4 KiB page, the pages deduplicated and sorted, runs of
  * consecutive pages merged, and each run announced with posix_fadvise(POSIX_FADV_WILLNEED)
  * (madvise(MADV_WILLNEED) when there is no descriptor) before the gather. Advisory only: a
@@ -87,6 +90,7 @@
 #define PLE_SECTOR 512u
 #define PLE_BOUNCE (1u << 20)   /* bytes of O_DIRECT reads in flight at once (and of one read) at most */
 #define PLE_AIO_DEPTH 64        /* O_DIRECT reads in flight at once at most */
+#define PLE_DIRECT_STEP_MAX 16  /* direct mode: steps up to this many tokens read O_DIRECT, without WILLNEED */
 
 enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
 

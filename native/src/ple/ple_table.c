@@ -851,6 +851,12 @@ static int poll_done(ple_worker *w, uint64_t seq, double deadline) {
     return 1;
 }
 
+/* WILLNEED before a step of L tokens (ple.h): a multi-token step, except in direct mode with O_DIRECT up
+ * to PLE_DIRECT_STEP_MAX tokens (verify windows), whose sector reads are in flight together anyway. */
+static int step_prefetch(const ple_table *t, int64_t L) {
+    return t->prefetch && L > 1 && !(t->mode == PLE_MODE_DIRECT && t->dfd >= 0 && L <= PLE_DIRECT_STEP_MAX);
+}
+
 strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq) {
     if (L > w->cap) return strata_fail(STRATA_ERR_INTERNAL, "PLE: a step of %lld tokens exceeds the gather buffers (%lld)",
                                        (long long)L, (long long)w->cap);
@@ -895,7 +901,7 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     const int64_t n = w->hash->n;
     memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;
-    w->prefetch = w->table->prefetch && L > 1;
+    w->prefetch = step_prefetch(w->table, L);
     w->warm = 0;
     pthread_mutex_lock(&w->mu);
     *seq = prev + 1;
@@ -918,7 +924,7 @@ int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64
     /* the channel is free and the worker idle; holding mu keeps both so while the request is written */
     memcpy(w->hist, hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;
-    w->prefetch = w->table->prefetch && L > 1;
+    w->prefetch = step_prefetch(w->table, L);
     w->warm = 1;
     atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
     pthread_cond_broadcast(&w->cv);

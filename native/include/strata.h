@@ -390,8 +390,8 @@ typedef struct strata_model_params {
     uint32_t ple_test_stall_ms;/* test hook: the worker sleeps this long before publishing a step; default 0 */
     uint64_t ple_test_stall_at;/* test hook: only worker step (seq) N stalls; default 0 = every step */
     uint64_t ple_cache_bytes;  /* the PLE row cache (DESIGN §6): RAM for table rows kept by row id, budget /
-                                  row_bytes entries (at most the table's rows) plus an index of ~14-22 bytes
-                                  an entry; gathers read only the rows it misses. Default 64 MiB; 0 = off
+                                  row_bytes entries (at most the table's rows) plus an index of 17-25 bytes
+                                  an entry (64 MiB of 90-byte rows: 745,654 rows, 14.7 MB of index); gathers read only the rows it misses. Default 64 MiB; 0 = off
                                   (every row read from the table, as before the cache) */
 } strata_model_params;
 
@@ -605,7 +605,8 @@ typedef struct strata_ple_info {
     uint64_t cache_capacity; /* row cache entries (ple_cache_bytes / row_bytes, at most n_rows); 0: off */
     uint64_t cache_used;     /* entries holding a row now (<= cache_capacity) */
     uint64_t cache_index_bytes; /* RAM of the cache's index (keys, reference bits, hash slots) */
-    int32_t odirect;         /* direct mode reads one-token steps with O_DIRECT (whole aligned sectors) */
+    int32_t odirect;         /* direct mode reads steps of up to 16 tokens (decode, verify windows) with
+                                O_DIRECT: whole aligned sectors, in flight together */
     uint32_t dio_align;      /* the O_DIRECT alignment in bytes (512 where the device allows); 0: not used */
     int32_t n_heads;         /* rows a token reads: (ngram - 1) x heads per order */
     int32_t ngram;           /* n-gram order n: a token's context is the n - 1 ids before it */
@@ -648,7 +649,8 @@ strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats
  * verify window: the last token and the drafts made so far), so that eval's gather finds them. The
  * worker does it while the caller goes on (drafting); nothing is waited for. Advisory: it does
  * nothing when the model has no PLE or no row cache, or when the gather worker is busy (another
- * session's step, an earlier read-ahead); n above the step size (n_ubatch) is cut to it. */
+ * session's step, an earlier read-ahead); of a long n only the first tokens the gather buffers hold
+ * now (at least min(16, n_ubatch)) are read. */
 strata_status strata_session_ple_prefetch(strata_session *s, const int32_t *ids, int64_t n);
 /* The packed rows an eval's PLE step gathers for ids[0..n) after the n-gram context ctx[0..ngram-1)
  * (NULL: a sequence start), through the worker and the row cache as an eval would (in steps of up

@@ -449,6 +449,12 @@ strata_status strata_model_ple_gather(strata_model *m, const int32_t *ctx, const
     if (!e) return strata_fail(STRATA_ERR_UNSUPPORTED, "strata_model_ple_gather: the model has no PLE table");
     ple_worker *w = &e->worker;
     const int64_t k = m->hp.ple_n - 1, NH = w->n_heads, rb = (int64_t)e->table.row_bytes;
+    for (int64_t i = 0; i < n + (ctx ? k : 0); i++) {
+        const int32_t id = i < n ? ids[i] : ctx[i - n];
+        if (id < 0 || id >= m->hp.n_vocab)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_ple_gather: token id %d is not below n_vocab %lld", id,
+                               (long long)m->hp.n_vocab);
+    }
     if (packed && packed_capacity < (uint64_t)(n * NH * rb))
         return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "strata_model_ple_gather: %lld tokens need %llu bytes of rows",
                            (long long)n, (unsigned long long)(n * NH * rb));

@@ -873,16 +873,18 @@ def _delta(a: dict, b: dict, phase: str) -> dict:
     return {k[len(f"ple_{phase}_"):]: b[k] - a[k] for k in b if k.startswith(f"ple_{phase}_")}
 
 
-def _ple_model(path: str, threads: int, mode: str, n_ctx: int, madv_random: bool = True, prefetch: bool = True):
+def _ple_model(path: str, threads: int, mode: str, n_ctx: int, madv_random: bool = True, prefetch: bool = True,
+               cache_mib: float = 0):
     """The model under test with the PLE access knobs given explicitly (strata_model_params'
-    ple_madv_random / ple_prefetch), so a STRATA_PLE_* in the environment cannot change a row."""
+    ple_madv_random / ple_prefetch / ple_cache_bytes), so a STRATA_PLE_* in the environment cannot change a
+    row. The row cache is off unless cache_mib says (the sections of issue 6 measure the table's reads)."""
     from ._native import StrataError
     from .model import Model
     from . import ple
 
     try:
         m = Model(path, threads=threads, n_ctx=n_ctx, ple_mode=mode, ple_madv_random=madv_random,
-                  ple_prefetch=prefetch)
+                  ple_prefetch=prefetch, ple_cache_mib=cache_mib)
     except (StrataError, ValueError, OSError) as e:
         raise BenchError(f"Strata could not load {path}: {e}") from None
     info = ple.model_info(m)
@@ -898,7 +900,8 @@ def _cold(info: dict) -> None:
 
 
 def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_tokens: int = 2048,
-              gather_tokens: int = 18, seed: int = 0, log=print) -> dict:
+              gather_tokens: int = 18, seed: int = 0, log=print, cache_mib: float = 64.0, corpus: str | None = None,
+              corpus_budgets=(1.0, 8.0, 64.0)) -> dict:
     """`strata bench ple` (issue 6; DESIGN §6, §8). Every measurement starts cold: the table's pages are
     evicted (POSIX_FADV_DONTNEED on its byte range) after a short warm-up that brings the trunk's weights
     in, so what is counted is the table's I/O. Counters come from the gather worker itself
@@ -911,6 +914,15 @@ def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_token
                 WILLNEED prefetch, mmap and direct: gather (+ prefetch) seconds, bytes, faults, tokens/s.
       gather    a `gather_tokens`-token prefill (16 rows a token: 18 -> 288 rows, the seed's cold
                 ~280-row gather) with and without prefetch: gather seconds.
+      floor     (issue 21.3) storage bytes per decode token, cold then warm, for mmap and direct, with the
+                row cache off and at `cache_mib`, against the floor of the access mode (distinct 4 KiB pages /
+                512-byte sectors holding each token's rows, counted by the worker from the row ids) and the
+                seed's 57 KiB; the decoded ids are the corpus's first tokens when there is one. Cold: table
+                evicted, new model (empty row cache); warm: the same tokens again after a reset, nothing evicted.
+      corpus    (issue 21.3) the row cache's hit rate on a text (`corpus`: .txt tokenized by the model, special
+                tokens parsed, or .npy of ids) in decode steps, per budget in `corpus_budgets` MiB, with the
+                storage it saves: rows x row bytes, and at the floors (pages / sectors not needed).
+    Sections of issue 6 run with the row cache off (they measure the table's own reads).
     """
     from . import ple
 
@@ -974,7 +986,143 @@ def bench_ple(path: str, threads: int = 2, decode_tokens: int = 32, prompt_token
                         f"{row['major_faults']:6d} major faults  {row['tok_s']:7.1f} tok/s")
                 finally:
                     m.close()
+    text = _corpus_ids(path, corpus, n_vocab) if corpus else None
+    dec_ids = ([int(x) for x in text[:decode_tokens]] if text is not None and len(text) >= decode_tokens
+               else bench_prompt(n_vocab, decode_tokens, seed + 2))
+    res["seed_kib_per_token"] = SEED_MADV_RANDOM_KIB
+    res["cache_mib"] = cache_mib
+    res["floor"] = _ple_floor(path, threads, warm, dec_ids, cache_mib, log)
+    res["decode_ids"] = "corpus" if text is not None and len(text) >= decode_tokens else "random"
+    if text is not None:
+        res["corpus"] = {"path": corpus, "tokens": int(len(text)),
+                         "runs": [_ple_corpus_run(path, threads, text, b, log) for b in corpus_budgets]}
     return res
+
+
+SEED_MADV_RANDOM_KIB = 57.0   # seed 003: cold decode KiB read per token with MADV_RANDOM (DESIGN §6)
+
+
+def _corpus_ids(path: str, corpus: str, n_vocab: int) -> np.ndarray:
+    """Token ids of a corpus: a .npy of ids, or a text tokenized with the model's tokenizer (special tokens
+    parsed, so <|endoftext|> separates documents as in training)."""
+    if corpus.endswith(".npy"):
+        ids = np.load(corpus).astype(np.int64).reshape(-1)
+    else:
+        from .model import Model
+        with open(corpus, encoding="utf-8") as f:
+            text = f.read()
+        with Model(path, threads=1, n_ctx=64) as m:
+            ids = np.asarray(m.tokenize(text, add_special=False, parse_special=True), dtype=np.int64)
+    if len(ids) == 0 or ids.min() < 0 or ids.max() >= n_vocab:
+        raise BenchError(f"{corpus}: token ids must lie in [0, {n_vocab}) for this model (a .npy from another "
+                         f"vocabulary?)")
+    return ids.astype(np.int32)
+
+
+def _floor_row(d: dict, mode: str, row_bytes: int) -> dict:
+    """Per decode token: bytes read against the access mode's floor (pages for mmap, sectors for direct)."""
+    n = max(d["tokens"], 1)
+    unit, fk, mk = (4096, "floor_pages", "miss_pages") if mode == "mmap" else (512, "floor_sectors", "miss_sectors")
+    read = d["read_bytes"] / n
+    floor = d[fk] * unit / n
+    miss_floor = d[mk] * unit / n
+    return {"tokens": d["tokens"], "read_kib_per_token": read / 1024, "floor_kib_per_token": floor / 1024,
+            "miss_floor_kib_per_token": miss_floor / 1024,
+            "ratio_to_floor": read / floor if floor else None,
+            "ratio_to_miss_floor": read / miss_floor if miss_floor else None,
+            "vs_seed": read / 1024 / SEED_MADV_RANDOM_KIB,
+            "page_floor_kib_per_token": d["floor_pages"] * 4096 / n / 1024,
+            "sector_floor_kib_per_token": d["floor_sectors"] * 512 / n / 1024,
+            "hit_rate": d["cache_hits"] / d["cache_lookups"] if d["cache_lookups"] else None,
+            "hit_kib_per_token": d["cache_hits"] * row_bytes / n / 1024,
+            "saved_floor_kib_per_token": (d[fk] - d[mk]) * unit / n / 1024,
+            "major_faults_per_token": d["major_faults"] / n, "wait_ms_per_token": 1e3 * d["wait_s"] / n}
+
+
+def _ple_floor(path: str, threads: int, warm: list, ids: list, cache_mib: float, log) -> list:
+    out = []
+    for mode in ("mmap", "direct"):
+        for mib in sorted({0.0, float(cache_mib)}):
+            m, info = _ple_model(path, threads, mode, 4096, cache_mib=mib)
+            try:
+                s = m.session()
+                s.eval(warm)
+                _cold(info)
+                for phase in ("cold", "warm"):
+                    if phase == "warm":
+                        s.reset()
+                        s.eval(warm)       # the same n-gram context as the cold pass
+                    a = s.stats()
+                    t0 = time.perf_counter()
+                    for t in ids:
+                        s.eval([t])
+                    dt = time.perf_counter() - t0
+                    row = {"mode": mode, "cache_mib": mib, "phase": phase, "why": info["why"],
+                           "odirect": info["odirect"],
+                           **_floor_row(_delta(a, s.stats(), "decode"), mode, info["row_bytes"]),
+                           "tok_s": len(ids) / dt}
+                    out.append(row)
+                    log(f"floor   {mode:6s} cache {mib:6.1f} MiB {phase}  {row['read_kib_per_token']:8.2f} KiB/token read, "
+                        f"floor {row['floor_kib_per_token']:6.2f} KiB ({(row['ratio_to_floor'] or 0):5.2f}x), "
+                        f"{row['vs_seed']:5.2f}x the seed's {SEED_MADV_RANDOM_KIB:.0f} KiB, hit rate "
+                        f"{(row['hit_rate'] or 0):.3f}")
+            finally:
+                m.close()
+    return out
+
+
+def _warm_file(path: str, offset: int, length: int) -> bool:
+    """Reads the table once (sequentially) so the hit-rate runs are not timed by storage; only when it
+    fits comfortably in the page cache (half of MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    if length > avail // 2:
+        return False
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        left = length
+        while left > 0:
+            b = f.read(min(left, 8 << 20))
+            if not b:
+                break
+            left -= len(b)
+    return True
+
+
+def _ple_corpus_run(path: str, threads: int, ids: np.ndarray, mib: float, log) -> dict:
+    from . import ple
+
+    m, info = _ple_model(path, threads, "mmap", 256, cache_mib=mib)
+    try:
+        warmed = _warm_file(info["path"], info["file_offset"], info["table_bytes"])
+        t0 = time.perf_counter()
+        _, _, st = ple.gather(m, ids, one_token_steps=True, rows=False)
+        dt = time.perf_counter() - t0
+        info = ple.model_info(m)
+    finally:
+        m.close()
+    n = len(ids)
+    rb = info["row_bytes"]
+    row = {"cache_mib": mib, "cache_rows": info["cache_capacity"], "cache_used": info["cache_used"],
+           "cache_share_of_table": info["cache_capacity"] / info["rows"], "table_rows": info["rows"],
+           "table_warmed": warmed, "tokens": n, "lookups": st["cache_lookups"], "hits": st["cache_hits"],
+           "hit_rate": st["cache_hits"] / st["cache_lookups"] if st["cache_lookups"] else 0.0,
+           "distinct_rows_read": st["cache_lookups"] - st["cache_hits"],
+           "saved_row_bytes": st["cache_hits"] * rb, "saved_row_bytes_per_token": st["cache_hits"] * rb / n,
+           "saved_page_bytes_per_token": (st["floor_pages"] - st["miss_pages"]) * 4096 / n,
+           "saved_sector_bytes_per_token": (st["floor_sectors"] - st["miss_sectors"]) * 512 / n,
+           "page_floor_bytes_per_token": st["floor_pages"] * 4096 / n,
+           "sector_floor_bytes_per_token": st["floor_sectors"] * 512 / n,
+           "page_floor_with_cache_bytes_per_token": st["miss_pages"] * 4096 / n,
+           "sector_floor_with_cache_bytes_per_token": st["miss_sectors"] * 512 / n, "seconds": dt}
+    log(f"corpus  {n:,} tokens, cache {mib:g} MiB ({row['cache_rows']:,} rows, {100 * row['cache_share_of_table']:.2f} % "
+        f"of the table): hit rate {row['hit_rate']:.4f}, saves {row['saved_row_bytes_per_token']:.0f} B of rows, "
+        f"{row['saved_page_bytes_per_token'] / 1024:.2f} KiB of pages, {row['saved_sector_bytes_per_token'] / 1024:.2f} "
+        f"KiB of sectors per token")
+    return row
 
 
 def format_ple_table(res: dict) -> str:
@@ -994,4 +1142,21 @@ def format_ple_table(res: dict) -> str:
         for mode in ("mmap", "direct"):
             if by.get((mode, True)):
                 out.append(f"  {mode}: WILLNEED speeds the cold gather up {by[(mode, False)] / by[(mode, True)]:.1f}x")
+    if res.get("floor"):
+        out.append(f"decode storage per token vs the floor ({res['decode_ids']} ids; floor: distinct 4 KiB pages for mmap, "
+                   f"512-byte sectors for direct; seed {res['seed_kib_per_token']:.0f} KiB)")
+        out.append("  mode   cache MiB  phase   KiB read  floor KiB  x floor  x seed  hit rate  saved KiB (floor)")
+        for r in res["floor"]:
+            out.append(f"  {r['mode']:6s} {r['cache_mib']:9.1f}  {r['phase']:5s} {r['read_kib_per_token']:10.2f} "
+                       f"{r['floor_kib_per_token']:10.2f} {(r['ratio_to_floor'] or 0):8.2f} {r['vs_seed']:7.2f} "
+                       f"{'-' if r['hit_rate'] is None else format(r['hit_rate'], '8.3f'):>9s} "
+                       f"{r['saved_floor_kib_per_token']:10.2f}")
+    if res.get("corpus"):
+        c = res["corpus"]
+        out.append(f"row cache on {c['path']} ({c['tokens']:,} tokens, decode steps)")
+        out.append("  cache MiB    rows  % table  hit rate  saved B rows/token  saved KiB pages/token  saved KiB sectors/token")
+        for r in c["runs"]:
+            out.append(f"  {r['cache_mib']:9g} {r['cache_rows']:7d} {100 * r['cache_share_of_table']:8.2f} {r['hit_rate']:9.4f} "
+                       f"{r['saved_row_bytes_per_token']:19.0f} {r['saved_page_bytes_per_token'] / 1024:22.2f} "
+                       f"{r['saved_sector_bytes_per_token'] / 1024:24.2f}")
     return "\n".join(out)

@@ -451,7 +451,14 @@ def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, ge
 @click.option("--gather-tokens", type=int, default=18, show_default=True,
               help="Tokens of the small cold gather (16 rows each).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
-def bench_ple(model_path, as_json, threads, decode_tokens, prompt_tokens, gather_tokens, seed):
+@click.option("--ple-cache-mib", "cache_mib", type=click.FloatRange(min=0), default=64.0, show_default=True,
+              help="Row cache budget of the floor section (measured next to the cache off).")
+@click.option("--corpus", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Real text for the row cache's hit rate and the decoded ids: a .txt (the model's tokenizer) or "
+                   "a .npy of token ids (tools/ple_corpus.py writes flash-small's held-out split as both).")
+@click.option("--corpus-budgets", default="1,8,64", show_default=True, help="Row cache budgets (MiB) of the corpus runs.")
+def bench_ple(model_path, as_json, threads, decode_tokens, prompt_tokens, gather_tokens, seed, cache_mib, corpus,
+              corpus_budgets):
     """Cold PLE table I/O: decode KiB read per token with default readahead vs MADV_RANDOM vs direct pread,
     prefill gather time with and without WILLNEED prefetch, decode tokens/s per mode (pyrunner/bench.py)."""
     from . import bench as b
@@ -459,10 +466,15 @@ def bench_ple(model_path, as_json, threads, decode_tokens, prompt_tokens, gather
 
     if min(threads, decode_tokens, prompt_tokens, gather_tokens) < 1:
         raise click.ClickException("--threads, --decode-tokens, --prompt-tokens and --gather-tokens must be >= 1")
+    try:
+        budgets = tuple(float(x) for x in corpus_budgets.split(",") if x.strip())
+    except ValueError:
+        raise click.ClickException(f"--corpus-budgets {corpus_budgets!r}: give MiB values separated by commas") from None
     log = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     try:
         res = b.bench_ple(model_path, threads=threads, decode_tokens=decode_tokens, prompt_tokens=prompt_tokens,
-                          gather_tokens=gather_tokens, seed=seed, log=log)
+                          gather_tokens=gather_tokens, seed=seed, log=log, cache_mib=cache_mib, corpus=corpus,
+                          corpus_budgets=budgets)
     except (b.BenchError, StrataError) as e:
         raise _fail(e) from None
     _bench_out(res, as_json, b.format_ple_table)
@@ -515,6 +527,9 @@ def _engine_options(f):
         click.option("--cache-policy", type=str, default=None,
                      help="Replacement policy of the RAM slots (`strata cache-sim --help` lists them) [default: the "
                           "best measured]."),
+        click.option("--ple-cache-mib", type=click.FloatRange(min=0), default=None,
+                     help="RAM for PLE table rows kept by row id (gathers read only the rows it misses), MiB; "
+                          "0 = off [default: 64]."),
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, writable=True), default=None,
                      help="Write a Chrome-trace/Perfetto JSON timeline (layers, pool tasks, device copies, waits, "
                           "counters); draw it with `strata plot`."),
@@ -559,7 +574,7 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
-           "ple_mode", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "split")
+           "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "split")
 
 
 

@@ -90,6 +90,8 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               "cpu_groups", "cpu_s", "skipped_experts", "pcie_frac",
               # the PLE table (DESIGN §6, §9): present when the model has one
               "ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s",
+              # its row cache (issue 21.3): rows looked up and found (0 / 0 with --ple-cache-mib 0)
+              "ple_cache_hits", "ple_cache_lookups",
               # MTP drafts (DESIGN §5, §9; pyrunner.mtp): present with mtp > 0
               "drafts_proposed", "drafts_accepted", "acceptance_rate", "mean_accepted_len", "mtp_windows",
               "mtp_full_windows", "mtp_draft_s", "mtp_verify_s", "mtp_rollback_s", "mtp_extend_s",
@@ -99,7 +101,7 @@ STATS_KEYS = ("prompt_tokens", "reused_prompt_tokens", "generated_tokens", "pref
               # the expert store's RAM slots (issue 20): present with direct expert reads
               "ram_hits", "ram_lookups", "ram_hit_rate", "ram_miss_bytes", "storage_read_bytes", "expert_read_s",
               "prefetch_bytes", "prefetch_unused_bytes", "prefetch_recall")
-_PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s")
+_PLE_KEYS = ("ple_rows", "ple_read_bytes", "ple_major_faults", "ple_wait_s", "ple_cache_hits", "ple_cache_lookups")
 _OFFLOAD_DELTAS = ("cache_hits", "cache_lookups", "cache_swaps", "pcie_groups", "pcie_bytes", "cpu_groups",
                    "cpu_s", "skipped_experts")
 

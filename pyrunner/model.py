@@ -111,7 +111,7 @@ class Model:
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
                  expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool = True,
-                 split: str = "seed"):
+                 split: str = "seed", ple_cache_mib: float | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -128,7 +128,8 @@ class Model:
         adjustment round at most (default 96). ple_madv_random (default
         True: MADV_RANDOM on the mapped PLE table; False: the kernel's readahead), ple_prefetch (default
         True: WILLNEED a prefill step's table pages first), ple_step_timeout_s (default 300: an eval
-        fails when the PLE gather worker takes longer). repack (default True; STRATA_REPACK, --no-repack):
+        fails when the PLE gather worker takes longer), ple_cache_mib (default 64; 0 = off: the PLE row
+        cache, RAM for table rows kept by row id, so gathers read only the rows it misses). repack (default True; STRATA_REPACK, --no-repack):
         prefill products of IQ2_XXS / IQ2_XS / IQ3_XXS weights on the avx512 path decode 16 rows at a
         time into a per-thread int16 scratch first (repack_bytes, reported at start; results bit-identical,
         strata.h strata_set_repack). It is process-wide: the last Model to set it decides. mtp: the drafts
@@ -201,6 +202,10 @@ class Model:
             ple_prefetch = settings.ple_prefetch()
         if ple_step_timeout_s is None:
             ple_step_timeout_s = settings.ple_step_timeout_s()
+        if ple_cache_mib is None:
+            ple_cache_mib = settings.ple_cache_mib()
+        if ple_cache_mib is not None and ple_cache_mib < 0:
+            raise ValueError(f"ple_cache_mib must be >= 0 (got {ple_cache_mib})")
         stall_ms, stall_at = settings.ple_test_stall()
         self.device = device
         self.kv_type = kv_type
@@ -232,6 +237,8 @@ class Model:
             p.ple_prefetch = int(bool(ple_prefetch))
         if ple_step_timeout_s is not None:
             p.ple_step_timeout_s = float(ple_step_timeout_s)
+        if ple_cache_mib is not None:
+            p.ple_cache_bytes = int(float(ple_cache_mib) * (1 << 20))
         if stall_ms is not None:
             p.ple_test_stall_ms = int(stall_ms)
         if stall_at is not None:
@@ -600,6 +607,13 @@ class Session:
         kept until an eval rewrites them."""
         lib.strata_session_reset(self._live())
         self.tokens, self.logits, self.hidden, self._unknown = [], None, None, False
+
+    def ple_prefetch(self, ids) -> None:
+        """Reads ahead, into the PLE row cache, the rows of the ids the next eval starts with (a verify
+        window's token and drafts), while the caller goes on; advisory (strata_session_ple_prefetch)."""
+        if self.model.has_ple and len(ids):
+            a = np.ascontiguousarray(ids, dtype=np.int32)
+            check(lib.strata_session_ple_prefetch(self._live(), ffi.from_buffer("int32_t[]", a), len(a)))
 
     def stats(self) -> dict:
         """PLE counters since the session was created (DESIGN §9 keys ple_rows, ple_read_bytes,

@@ -131,9 +131,11 @@ class MTPDecoder:
         (default self.k; fewer near the end of the context or of max_tokens). Returns the new tokens."""
         sess = self.sess
         p = sess.n_past
+        k = self.k if k is None else max(0, min(int(k), self.k))
+        if k > 0:                                     # x's PLE rows read ahead while the head drafts
+            sess.ple_prefetch([x])
         if self._rows is not None:                    # the prompt's (or plain steps') rows, now that x is known
             self._flush(x)
-        k = self.k if k is None else max(0, min(int(k), self.k))
         # draft
         t0 = time.perf_counter()
         drafts: list[int] = []
@@ -146,6 +148,7 @@ class MTPDecoder:
                 drafts.append(d)
                 qs.append(q)
                 h.append(d)
+                sess.ple_prefetch([x] + drafts)       # the window's rows so far (skipped while the worker is busy)
                 if i + 1 < k:
                     logits, g = sess.mtp(g[None, :], [d], p + i)
         self.draft_s += time.perf_counter() - t0

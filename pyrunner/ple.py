@@ -206,7 +206,11 @@ def model_info(model) -> dict:
     return {"mode": {1: "mmap", 2: "direct"}[info.mode], "why": ffi.string(info.why).decode(),
             "external": bool(info.external), "madv_random": bool(info.madv_random), "prefetch": bool(info.prefetch),
             "rows": int(info.n_rows), "row_bytes": int(info.row_bytes), "table_bytes": int(info.table_bytes),
-            "path": ffi.string(info.path).decode(), "file_offset": int(info.file_offset)}
+            "path": ffi.string(info.path).decode(), "file_offset": int(info.file_offset),
+            "cache_capacity": int(info.cache_capacity), "cache_used": int(info.cache_used),
+            "cache_bytes": int(info.cache_capacity) * int(info.row_bytes),
+            "cache_index_bytes": int(info.cache_index_bytes), "odirect": bool(info.odirect),
+            "dio_align": int(info.dio_align), "heads": int(info.n_heads), "ngram": int(info.ngram)}
 
 
 def describe(model) -> str:
@@ -216,8 +220,10 @@ def describe(model) -> str:
         return "PLE: none"
     where = i["path"] or "memory"
     kind = "packed NVFP4" if i["external"] else "in the GGUF"
+    cache = (f"row cache {i['cache_bytes'] / 2**20:.1f} MiB ({i['cache_capacity']:,} rows)" if i["cache_capacity"]
+             else "row cache off")
     return (f"PLE table {kind} ({where}, {i['table_bytes'] / 2**30:.2f} GiB, {i['rows']:,} rows x {i['row_bytes']} B): "
-            f"{i['why']}; prefetch {'on' if i['prefetch'] else 'off'}")
+            f"{i['why']}; prefetch {'on' if i['prefetch'] else 'off'}; {cache}")
 
 
 def resident(model) -> tuple[int, int]:
@@ -230,23 +236,51 @@ def resident(model) -> tuple[int, int]:
 
 
 _FIELDS = ("steps", "tokens", "rows", "read_bytes", "major_faults", "minor_faults", "prefetch_pages",
-           "hash_s", "prefetch_s", "gather_s", "copy_s", "wait_s", "dequant_s")
+           "hash_s", "prefetch_s", "gather_s", "copy_s", "wait_s", "dequant_s",
+           "cache_lookups", "cache_hits", "cache_hit_bytes", "floor_pages", "floor_sectors", "miss_pages",
+           "miss_sectors", "warm_rows")
 
 
 def session_stats(sess) -> dict:
     """Session.stats(): DESIGN §9's ple_rows / ple_read_bytes / ple_major_faults / ple_wait_s (prefill +
-    decode), then every counter per phase as ple_prefill_<field> / ple_decode_<field>."""
+    decode), the row cache's ple_cache_hits / ple_cache_lookups / ple_cache_hit_bytes (prefill + decode),
+    then every counter per phase as ple_prefill_<field> / ple_decode_<field>."""
     from ._native import check, ffi, lib
 
     pre, dec = ffi.new("strata_ple_stats *"), ffi.new("strata_ple_stats *")
     check(lib.strata_session_ple_stats(sess._live(), pre, dec))
     out = {"ple_rows": pre.rows + dec.rows, "ple_read_bytes": pre.read_bytes + dec.read_bytes,
-           "ple_major_faults": pre.major_faults + dec.major_faults, "ple_wait_s": pre.wait_s + dec.wait_s}
+           "ple_major_faults": pre.major_faults + dec.major_faults, "ple_wait_s": pre.wait_s + dec.wait_s,
+           "ple_cache_hits": pre.cache_hits + dec.cache_hits, "ple_cache_lookups": pre.cache_lookups + dec.cache_lookups,
+           "ple_cache_hit_bytes": pre.cache_hit_bytes + dec.cache_hit_bytes}
     for phase, st in (("prefill", pre), ("decode", dec)):
-        for f in _FIELDS:
-            v = getattr(st, f)
-            out[f"ple_{phase}_{f}"] = float(v) if f.endswith("_s") else int(v)
+        out.update(_as_dict(st, f"ple_{phase}_"))
     return out
+
+
+def _as_dict(st, prefix: str = "") -> dict:
+    return {prefix + f: float(getattr(st, f)) if f.endswith("_s") else int(getattr(st, f)) for f in _FIELDS}
+
+
+def gather(model, ids, ctx=None, one_token_steps: bool = False, rows: bool = True) -> tuple:
+    """(row ids [n, heads] uint64, packed rows [n, heads, row_bytes] uint8, counters of this call) the PLE
+    step of an eval gathers for ids after the n-gram context ctx (None: a sequence start), through the
+    worker and the row cache, without running the model (strata_model_ple_gather). one_token_steps: decode
+    steps (one token each) instead of n_ubatch-sized ones; rows=False returns no packed bytes (faster)."""
+    from ._native import check, ffi, lib
+
+    info = model_info(model)
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    n, heads = len(ids), info["heads"]
+    rid = np.zeros((n, heads), dtype=np.uint64)
+    packed = np.zeros((n, heads, info["row_bytes"]), dtype=np.uint8) if rows else None
+    st = ffi.new("strata_ple_stats *")
+    c = ffi.NULL if ctx is None else ffi.from_buffer("int32_t[]", np.ascontiguousarray(ctx, dtype=np.int32))
+    check(lib.strata_model_ple_gather(model._ptr, c, ffi.from_buffer("int32_t[]", ids), n, int(bool(one_token_steps)),
+                                      ffi.cast("uint64_t *", ffi.from_buffer(rid)),
+                                      ffi.NULL if packed is None else ffi.cast("uint8_t *", ffi.from_buffer(packed)),
+                                      0 if packed is None else packed.nbytes, st))
+    return rid, packed, _as_dict(st)
 
 
 def evict(path: str, offset: int = 0, length: int = 0) -> None:

@@ -20,6 +20,7 @@ environment as it is then (tests set variables with monkeypatch).
     STRATA_PLE_MADV_RANDOM     strata_model_params.ple_madv_random (0/1)    Model(ple_madv_random=None)
     STRATA_PLE_PREFETCH        strata_model_params.ple_prefetch (0/1)       Model(ple_prefetch=None)
     STRATA_PLE_STEP_TIMEOUT    strata_model_params.ple_step_timeout_s       Model(ple_step_timeout_s=None)
+    STRATA_PLE_CACHE_MIB       strata_model_params.ple_cache_bytes (MiB)    Model(ple_cache_mib=None)
     STRATA_PLE_TEST_STALL_MS   strata_model_params.ple_test_stall_ms        Model (test hook)
     STRATA_PLE_TEST_STALL_AT   strata_model_params.ple_test_stall_at        Model (test hook)
     STRATA_EXPERT_IO_TEST_SHORT_AT  strata_model_params.                    Model (test hook)
@@ -54,6 +55,7 @@ SIM_LINK_GBPS = "STRATA_SIM_LINK_GBPS"
 PLE_MADV_RANDOM = "STRATA_PLE_MADV_RANDOM"
 PLE_PREFETCH = "STRATA_PLE_PREFETCH"
 PLE_STEP_TIMEOUT = "STRATA_PLE_STEP_TIMEOUT"
+PLE_CACHE_MIB = "STRATA_PLE_CACHE_MIB"
 PLE_TEST_STALL_MS = "STRATA_PLE_TEST_STALL_MS"
 PLE_TEST_STALL_AT = "STRATA_PLE_TEST_STALL_AT"
 EXPERT_IO_TEST_SHORT_AT = "STRATA_EXPERT_IO_TEST_SHORT_AT"
@@ -153,6 +155,14 @@ def ple_step_timeout_s() -> float | None:
     """STRATA_PLE_STEP_TIMEOUT; a value <= 0 keeps the library's default (300 s)."""
     v = _float(PLE_STEP_TIMEOUT, "a number of seconds")
     return v if v is not None and v > 0 else None
+
+
+def ple_cache_mib() -> float | None:
+    """STRATA_PLE_CACHE_MIB: the PLE row cache's budget in MiB (0 = off); None: the library's default."""
+    v = _float(PLE_CACHE_MIB, "a size in MiB (0 = off)")
+    if v is not None and v < 0:
+        raise ValueError(f"{PLE_CACHE_MIB}={v}: give a size in MiB >= 0 (0 turns the row cache off)")
+    return v
 
 
 def ple_test_stall() -> tuple[int | None, int | None]:

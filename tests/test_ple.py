@@ -96,6 +96,102 @@ def test_bad_ple_mode_is_refused(tiny):
         Model(tiny, ple_mode="fast")
 
 
+# ---------------------------------------------------------------------------------------------- the row cache
+
+# a text of the tiny vocabulary that repeats itself (n-grams recur) and wanders (the working set outgrows a
+# small cache): 600 tokens, 2,400 row lookups, ~1,000 distinct rows
+_TEXT = [int(x) for x in np.random.default_rng(11).integers(0, 40, size=300)] * 2
+
+
+@pytest.mark.parametrize("mode", ["mmap", "direct"])
+def test_row_cache_returns_the_table_rows_and_stays_bounded(tiny, mode):
+    """Gathers through a row cache smaller than the working set (so CLOCK evicts) give the bytes a
+    cache-less gather reads, row for row, in decode-sized and prefill-sized steps."""
+    budget = 100 * 64                                          # 100 rows of the tiny f32 table (64 B a row)
+    with Model(tiny, threads=1, n_ctx=64, ple_mode=mode, ple_cache_mib=0) as m:
+        off_ids, off_rows, off_st = ple.gather(m, _TEXT, one_token_steps=True)
+        assert ple.model_info(m)["cache_capacity"] == 0
+    assert off_st["cache_lookups"] == 0 and off_st["cache_hits"] == 0
+    assert off_st["miss_pages"] == off_st["floor_pages"] > 0 and off_st["miss_sectors"] == off_st["floor_sectors"]
+    with Model(tiny, threads=1, n_ctx=64, ple_mode=mode, ple_cache_mib=budget / 2**20) as m:
+        info = ple.model_info(m)
+        assert info["row_bytes"] == 64 and info["cache_capacity"] == 100
+        if mode == "direct" and info["odirect"]:
+            assert info["dio_align"] in (512, 4096) and "O_DIRECT" in info["why"]
+        for one in (True, False):
+            ids, rows, st = ple.gather(m, _TEXT, one_token_steps=one)
+            np.testing.assert_array_equal(ids, off_ids)
+            np.testing.assert_array_equal(rows, off_rows)
+            assert st["cache_lookups"] == st["rows"] == len(_TEXT) * 4
+            assert 0 < st["cache_hits"] < st["cache_lookups"]        # the second half repeats the first
+            assert st["cache_hit_bytes"] == 64 * st["cache_hits"]
+            assert st["miss_sectors"] <= st["floor_sectors"] and st["miss_pages"] <= st["floor_pages"]
+            info = ple.model_info(m)
+            assert info["cache_used"] == info["cache_capacity"]     # full, and no more than that
+            assert info["cache_used"] * info["row_bytes"] <= budget
+
+
+def test_a_repeated_token_hits_the_row_cache(tiny):
+    with Model(tiny, threads=1, n_ctx=64) as m:                 # default budget: the whole tiny table fits
+        info = ple.model_info(m)
+        assert info["cache_capacity"] == info["rows"] and info["cache_index_bytes"] > 0
+        ctx = [5, 6]
+        _, a, first = ple.gather(m, [7, 8, 9], ctx=ctx)
+        _, b, again = ple.gather(m, [7, 8, 9], ctx=ctx)
+    np.testing.assert_array_equal(a, b)
+    assert first["cache_lookups"] == again["cache_lookups"] == 12
+    assert again["cache_hits"] == 12 and again["miss_pages"] == 0 and again["miss_sectors"] == 0
+    assert first["cache_hits"] < 12 and again["floor_pages"] == first["floor_pages"]
+
+
+def test_row_cache_off_keeps_the_counters_and_logits(tiny, reference):
+    logits, info, st = _run(tiny, ple_mode="mmap", ple_cache_mib=0)
+    np.testing.assert_array_equal(logits, reference[0])
+    assert info["cache_capacity"] == 0 and st["ple_cache_lookups"] == 0 and st["ple_cache_hits"] == 0
+    ref = reference[2]
+    for k in ("ple_rows", "ple_prefill_steps", "ple_decode_steps", "ple_prefill_tokens", "ple_decode_tokens",
+              "ple_prefill_floor_pages", "ple_decode_floor_sectors"):
+        assert st[k] == ref[k], k
+    assert st["ple_decode_miss_pages"] == st["ple_decode_floor_pages"]
+    # the default run (cache on) looked every row up: the decode tokens continue the prompt's n-grams
+    assert ref["ple_cache_lookups"] == ref["ple_rows"]
+
+
+def test_ple_cache_mib_from_the_environment_and_refused_below_zero(tiny, monkeypatch):
+    monkeypatch.setenv("STRATA_PLE_CACHE_MIB", "0")
+    with Model(tiny, threads=1, n_ctx=32) as m:
+        assert ple.model_info(m)["cache_capacity"] == 0
+    monkeypatch.delenv("STRATA_PLE_CACHE_MIB")
+    with pytest.raises(ValueError, match="ple_cache_mib"):
+        Model(tiny, ple_cache_mib=-1)
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("ple_mtp") / "tiny-mtp.gguf"
+    models.make_model("tiny", str(out), recipe="f32", seed=3, mtp=True)
+    return str(out)
+
+
+def test_greedy_generation_is_the_same_with_and_without_the_row_cache(tiny_mtp):
+    """Plain decode and MTP windows (whose drafts' rows are read ahead into the cache) give the same tokens
+    with the cache off, evicting (40 rows) and holding the table."""
+    out = {}
+    for mib in (0, 40 * 64 / 2**20, None):
+        for mtp in (0, 2):
+            with Model(tiny_mtp, threads=1, n_ctx=256, kv_type="f32", mtp=mtp, ple_cache_mib=mib) as m:
+                c = m.generate(IDS, max_tokens=24, temperature=0.0)
+                s = m.own_session.stats()
+            out[(mib, mtp)] = (c.tokens, s)
+    for key, (tokens, _) in out.items():
+        assert tokens == out[(0, 0)][0], key
+    assert c.stats["ple_cache_lookups"] == c.stats["ple_rows"] > 0 and 0 < c.stats["ple_cache_hits"] <= c.stats["ple_rows"]
+    for mib in (40 * 64 / 2**20, None):       # MTP windows read their rows ahead; plain decode does not
+        warm = lambda st: st["ple_prefill_warm_rows"] + st["ple_decode_warm_rows"]
+        assert warm(out[(mib, 2)][1]) > 0 and warm(out[(mib, 0)][1]) == 0
+    assert out[(0, 2)][1]["ple_prefill_warm_rows"] == 0
+
+
 # ---------------------------------------------------------------------------------------------- the handshake
 
 _STALL = """
@@ -284,6 +380,38 @@ def test_bench_ple_cli(tiny):
                                                                     ("direct", False), ("direct", True)]
     assert all(p["rows"] == 40 * 4 for p in res["prefill"]) and all(g["rows"] == 5 * 4 for g in res["gather"])
     assert all((p["prefetch_pages"] > 0) == p["prefetch"] for p in res["prefill"])
+    # issue 21.3: storage per decode token against the access mode's floor, cache off and on, cold then warm
+    fl = res["floor"]
+    assert [(r["mode"], r["cache_mib"], r["phase"]) for r in fl] == [
+        (m, c, p) for m in ("mmap", "direct") for c in (0.0, 64.0) for p in ("cold", "warm")]
+    for r in fl:
+        assert r["tokens"] == 3 and r["floor_kib_per_token"] > 0 and r["vs_seed"] >= 0
+        assert r["sector_floor_kib_per_token"] <= 4 * 1.0 and r["page_floor_kib_per_token"] <= 4 * 8.0
+        assert (r["hit_rate"] is None) == (r["cache_mib"] == 0)
+    on_warm = [r for r in fl if r["cache_mib"] and r["phase"] == "warm"]
+    assert all(r["hit_rate"] == 1.0 and r["miss_floor_kib_per_token"] == 0 for r in on_warm)
+    assert res["seed_kib_per_token"] == 57.0
+
+
+def test_bench_ple_corpus_hit_rate(tiny, tmp_path):
+    corpus = tmp_path / "ids.npy"
+    np.save(corpus, np.asarray(_TEXT, dtype=np.int32))
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", tiny, "--json", "--decode-tokens", "2", "--prompt-tokens", "8",
+                                 "--gather-tokens", "2", "--threads", "1", "--corpus", str(corpus),
+                                 "--corpus-budgets", "0.006103515625,1"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["decode_ids"] == "corpus" and res["corpus"]["tokens"] == len(_TEXT)
+    small, big = res["corpus"]["runs"]
+    assert small["cache_rows"] == 100 and big["cache_rows"] == big["table_rows"]
+    assert small["lookups"] == big["lookups"] == 4 * len(_TEXT)
+    assert 0 < small["hit_rate"] <= big["hit_rate"] < 1          # the second half of the text repeats the first
+    assert big["saved_row_bytes"] == 64 * big["hits"] and big["saved_sector_bytes_per_token"] > 0
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.asarray([10**6], dtype=np.int32))
+    r = CliRunner().invoke(cli, ["bench", "ple", "-m", tiny, "--decode-tokens", "1", "--prompt-tokens", "4",
+                                 "--gather-tokens", "1", "--threads", "1", "--corpus", str(bad)])
+    assert r.exit_code != 0 and "token ids must lie in" in r.output
 
 
 def test_bench_ple_refuses_a_model_without_ple(tmp_path):

@@ -403,6 +403,10 @@ typedef struct strata_model_params {
                                   layer l+1's router picks for layer l's MoE input (windows of <= 16 tokens);
                                   0: off */
     int32_t split;             /* strata_split: how pcie_frac is chosen; default STRATA_SPLIT_SEED */
+    uint64_t ple_cache_bytes;  /* the PLE row cache (DESIGN §6): RAM for table rows kept by row id, budget /
+                                  row_bytes entries (at most the table's rows) plus an index of 17-25 bytes
+                                  an entry (64 MiB of 90-byte rows: 745,654 rows, 14.7 MB of index); gathers read only the rows it misses. Default 64 MiB; 0 = off
+                                  (every row read from the table, as before the cache) */
 } strata_model_params;
 
 /* The split of missing expert groups between the link and the CPU pool (DESIGN §4). SEED: one global
@@ -667,6 +671,14 @@ typedef struct strata_ple_info {
     char path[1024];         /* the file the rows are read from ("" when the table is only in memory) */
     char why[256];           /* one line for the start-up log: the mode and why it was chosen */
     uint64_t file_offset;    /* byte offset of row 0 in `path` (e.g. to evict the table's pages) */
+    uint64_t cache_capacity; /* row cache entries (ple_cache_bytes / row_bytes, at most n_rows); 0: off */
+    uint64_t cache_used;     /* entries holding a row now (<= cache_capacity) */
+    uint64_t cache_index_bytes; /* RAM of the cache's index (keys, reference bits, hash slots) */
+    int32_t odirect;         /* direct mode reads steps of up to 16 tokens (decode, verify windows) with
+                                O_DIRECT: whole aligned sectors, in flight together */
+    uint32_t dio_align;      /* the O_DIRECT alignment in bytes (512 where the device allows); 0: not used */
+    int32_t n_heads;         /* rows a token reads: (ngram - 1) x heads per order */
+    int32_t ngram;           /* n-gram order n: a token's context is the n - 1 ids before it */
 } strata_ple_info;
 strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out);
 /* Pages of the table resident in the page cache (mincore) and its page count; 0/0 without PLE. */
@@ -689,9 +701,34 @@ typedef struct strata_ple_stats {
     double copy_s;           /* packed rows to a device; 0 on the cpu device (it reads the buffer) */
     double wait_s;           /* model thread waiting for the worker's done sequence number */
     double dequant_s;        /* model thread: dequantizing the gathered rows (cpu device) */
+    /* the row cache and the floors of the two access modes (every step, cache on or off) */
+    uint64_t cache_lookups;  /* rows looked up in the row cache (0 when it is off) */
+    uint64_t cache_hits;     /* of those, found: not read from the table */
+    uint64_t cache_hit_bytes;/* cache_hits x row_bytes */
+    uint64_t floor_pages;    /* distinct 4 KiB pages of the file holding each step's rows: the page-cache floor */
+    uint64_t floor_sectors;  /* distinct 512-byte sectors holding them: the direct-read floor */
+    uint64_t miss_pages;     /* the same for the rows the cache missed (= floor_* with the cache off) */
+    uint64_t miss_sectors;
+    uint64_t warm_rows;      /* rows read ahead into the cache by strata_session_ple_prefetch (their reads
+                                are in read_bytes of the step that consumed them) */
 } strata_ple_stats;
 strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats *prefill,
                                        strata_ple_stats *decode);
+/* Reads ahead, into the row cache, the rows of the ids the session's next eval starts with (e.g. a
+ * verify window: the last token and the drafts made so far), so that eval's gather finds them. The
+ * worker does it while the caller goes on (drafting); nothing is waited for. Advisory: it does
+ * nothing when the model has no PLE or no row cache, or when the gather worker is busy (another
+ * session's step, an earlier read-ahead); of a long n only the first tokens the gather buffers hold
+ * now (at least min(16, n_ubatch)) are read. */
+strata_status strata_session_ple_prefetch(strata_session *s, const int32_t *ids, int64_t n);
+/* The packed rows an eval's PLE step gathers for ids[0..n) after the n-gram context ctx[0..ngram-1)
+ * (NULL: a sequence start), through the worker and the row cache as an eval would (in steps of up
+ * to n_ubatch tokens, decode-sized steps when one_token_steps), without running the model: for
+ * tests and `strata bench ple`. row_ids (n x heads, may be NULL), packed (n x heads x row_bytes
+ * bytes, capacity `packed_capacity`, may be NULL); st (may be NULL) receives this call's counters. */
+strata_status strata_model_ple_gather(strata_model *m, const int32_t *ctx, const int32_t *ids, int64_t n,
+                                      int32_t one_token_steps, uint64_t *row_ids, uint8_t *packed,
+                                      uint64_t packed_capacity, strata_ple_stats *st);
 
 /* The model's tokenizer, built from its tokenizer.ggml.* metadata (free it with
  * strata_tokenizer_free; it does not depend on m afterwards). Text given to it must already be

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "ple/ple.h"
+#include <stdatomic.h>
 
 #include "check.h"
 
@@ -189,22 +190,55 @@ static ple_hash small_hash(void) {
     return h;
 }
 
-static void test_worker_two_threads(void) {
-    for (int mode = PLE_MODE_MMAP; mode <= PLE_MODE_DIRECT; mode++) {
-        ple_table t;
-        CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode, NULL) == STRATA_OK);
-        ple_hash h = small_hash();
-        ple_worker w;
-        CHECK(ple_worker_start(&w, &t, &h, 40, NULL) == STRATA_OK);
-        client c[2] = {{&w, &h, 300, 0, 0}, {&w, &h, 300, 1, 0}};
-        pthread_t th[2];
-        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, client_main, &c[i]);
-        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-        CHECK(c[0].bad == 0 && c[1].bad == 0);
-        CHECK(atomic_load(&w.done_seq) == 600 && atomic_load(&w.req_seq) == 600);
-        ple_worker_stop(&w);
-        ple_table_close(&t);
+typedef struct {
+    ple_worker *w;
+    _Atomic int stop;
+    int submitted;
+} warmer;
+
+/* Read-ahead requests (strata_session_ple_prefetch's) racing the clients: taken only when the channel is
+ * free and the worker idle, never in a client's way. */
+static void *warmer_main(void *arg) {
+    warmer *q = arg;
+    int32_t hist[2 + 4];
+    for (int s = 0; !atomic_load(&q->stop); s++) {
+        for (int i = 0; i < 6; i++) hist[i] = (int32_t)((s * 13 + i * 29) % 5000);
+        q->submitted += ple_submit_warm(q->w, q, hist, 1 + s % 4);
     }
+    return NULL;
+}
+
+static void test_worker_two_threads(void) {
+    /* row cache off, evicting (50 rows), holding the table; a third thread submitting read-aheads */
+    const uint64_t budgets[3] = {0, 50 * ROWB, 64u << 20};
+    for (int mode = PLE_MODE_MMAP; mode <= PLE_MODE_DIRECT; mode++)
+        for (int b = 0; b < 3; b++) {
+            ple_table t;
+            CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, mode, NULL) == STRATA_OK);
+            ple_hash h = small_hash();
+            ple_worker w;
+            ple_params pp = ple_default_params();
+            pp.cache_bytes = budgets[b];
+            CHECK(ple_worker_start(&w, &t, &h, 40, &pp) == STRATA_OK);
+            CHECK(w.cache.cap == (b == 0 ? 0 : b == 1 ? 50 : NROWS));
+            client c[2] = {{&w, &h, 300, 0, 0}, {&w, &h, 300, 1, 0}};
+            warmer q = {&w, 0, 0};
+            pthread_t th[2], tq;
+            pthread_create(&tq, NULL, warmer_main, &q);
+            for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, client_main, &c[i]);
+            for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+            atomic_store(&q.stop, 1);
+            pthread_join(tq, NULL);
+            CHECK(c[0].bad == 0 && c[1].bad == 0);
+            CHECK(b > 0 || q.submitted == 0);            /* no cache: read-ahead is a no-op */
+            /* every step, the clients' 600 and the read-aheads, was done once; the worker ends idle */
+            double ws;
+            CHECK(ple_wait(&w, atomic_load(&w.req_seq), &ws) == STRATA_OK);
+            CHECK(atomic_load(&w.done_seq) == 600 + (uint64_t)q.submitted && atomic_load(&w.req_seq) == atomic_load(&w.done_seq));
+            CHECK(atomic_load(&w.cache.used) <= w.cache.cap);
+            ple_worker_stop(&w);
+            ple_table_close(&t);
+        }
 }
 
 static void test_stalled_step_times_out(void) {
@@ -283,8 +317,107 @@ static void test_params_are_the_settings(void) {
     ple_table_close(&t);
 }
 
+/* The row cache against a brute-force model of what it may hold: every row it returns is the row put
+ * under that id, it never holds more than cap rows, a row just put is found, and a row hit again between
+ * sweeps survives one (CLOCK). Many puts over a small cap exercise eviction and backward-shift deletion. */
+static void test_row_cache(void) {
+    ple_cache c;
+    CHECK(ple_cache_init(&c, 0, ROWB, 1000) == STRATA_OK && c.cap == 0);
+    CHECK(ple_cache_find(&c, 3) == NULL);
+    ple_cache_put(&c, 3, (const uint8_t *)"x");       /* off: a no-op */
+    CHECK(ple_cache_init(&c, 37 * ROWB + ROWB - 1, ROWB, 1000) == STRATA_OK && c.cap == 37);
+    uint8_t row[ROWB];
+    uint64_t seed = 99;
+    int present = 0;
+    for (int step = 0; step < 20000; step++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        const uint64_t r = (seed >> 33) % (step < 10000 ? 60 : 4000);   /* dense, then sparse ids */
+        const uint8_t *p = ple_cache_find(&c, r);
+        if (p) { CHECK(row_ok(p, r)); present++; continue; }
+        for (size_t i = 0; i < ROWB; i++) row[i] = row_byte(r, i);
+        ple_cache_put(&c, r, row);
+        p = ple_cache_find(&c, r);
+        CHECK(p && row_ok(p, r));
+        CHECK(atomic_load(&c.used) <= c.cap);
+    }
+    CHECK(present > 1000 && atomic_load(&c.used) == c.cap);
+    uint64_t held = 0;
+    for (uint64_t r = 0; r < 4000; r++) {
+        const uint8_t *p = ple_cache_find(&c, r);
+        if (p) { CHECK(row_ok(p, r)); held++; }
+    }
+    CHECK(held == c.cap);                          /* every entry is reachable through the index */
+    ple_cache_free(&c);
+    /* a table of few rows caps the entries at its row count */
+    CHECK(ple_cache_init(&c, 1u << 20, ROWB, 10) == STRATA_OK && c.cap == 10);
+    ple_cache_free(&c);
+}
+
+/* Direct mode's O_DIRECT reads (where the filesystem allows them) give the rows a buffered read gives,
+ * rows sharing sectors read once; the floors count distinct sectors and pages. */
+static void test_direct_reads_and_floors(void) {
+    ple_table t;
+    CHECK(ple_table_open_file(&t, g_path, ROWB, NROWS, PLE_MODE_DIRECT, NULL) == STRATA_OK);
+    const uint64_t rows[] = {0, 1, 5, 6, 3999, 45, 46, 2000, 2000};
+    const int64_t n = sizeof rows / sizeof rows[0];
+    int64_t idx[16];
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    ple_span sc[32];
+    uint64_t pages = 0, sectors = 0;
+    /* bytes 0..89, 90..179: sector 0; 450..539 spans sectors 0-1, 540..629 sector 1; 3999 x 90 = 359910..359999:
+       sectors 702-703; 45 x 90 = 4050..4139: sectors 7-8 (pages 0-1), 46: 8; 2000 x 90 = 180000..180089: 351 */
+    ple_floors(&t, rows, NULL, n, sc, &pages, &sectors);
+    CHECK(sectors == 7 && pages == 4);                   /* pages 0, 1, 43, 87 */
+    ple_floors(&t, rows, NULL, 2, sc, &pages, &sectors);
+    CHECK(sectors == 1 && pages == 1);
+    const int64_t some[] = {4, 7};                       /* rows 3999 and 2000 only */
+    ple_floors(&t, rows, some, 2, sc, &pages, &sectors);
+    CHECK(sectors == 3 && pages == 2);
+    /* a row wider than a sector counts every sector it covers (here 1,500-byte rows: 3 or 4 sectors) */
+    ple_table wide = t;
+    wide.row_bytes = 1500;
+    const uint64_t w2[] = {0, 1, 7};                     /* 0..1499: 0-2; 1500..2999: 2-5; 10500..11999: 20-23 */
+    ple_floors(&wide, w2, NULL, 3, sc, &pages, &sectors);
+    CHECK(sectors == 10 && pages == 2);                  /* pages 0 and 2 */
+    if (t.dfd >= 0) {
+        CHECK(t.dio_align == 512 || t.dio_align == 4096);
+        uint8_t *bounce = NULL;
+        CHECK(posix_memalign((void **)&bounce, 4096, PLE_BOUNCE) == 0);
+        ple_span sp[16];
+        uint8_t buf[16 * ROWB];
+        uint64_t req = 0;
+        ple_aio *aio = ple_aio_open();
+        for (int with_aio = 0; with_aio < 2; with_aio++) {
+            ple_aio *a = with_aio ? aio : NULL;
+            memset(buf, 0, sizeof buf);
+            CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, PLE_BOUNCE, sp, a, &req) == STRATA_OK);
+            for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
+            if (t.dio_align == 512) CHECK(req == 512ull * 7);   /* runs 0-1, 7-8, 351, 702-703 */
+            /* a bounce buffer of two sectors: runs split into batches (and runs capped at two sectors) */
+            memset(buf, 0, sizeof buf);
+            CHECK(ple_read_direct(&t, rows, idx, n, buf, bounce, 1024, sp, a, &req) == STRATA_OK);
+            for (int64_t i = 0; i < n; i++) CHECK(row_ok(buf + i * ROWB, rows[i]));
+        }
+        /* many rows: more runs than PLE_AIO_DEPTH in one call */
+        uint64_t many[300];
+        int64_t mi[300];
+        ple_span msp[300];
+        static uint8_t mbuf[300 * ROWB];
+        for (int i = 0; i < 300; i++) { many[i] = (uint64_t)(i * 13) % NROWS; mi[i] = i; }
+        CHECK(ple_read_direct(&t, many, mi, 300, mbuf, bounce, PLE_BOUNCE, msp, aio, &req) == STRATA_OK);
+        for (int i = 0; i < 300; i++) CHECK(row_ok(mbuf + i * ROWB, many[i]));
+        ple_aio_close(aio);
+        free(bounce);
+    } else {
+        CHECK(strstr(t.why, "O_DIRECT") != NULL);
+    }
+    ple_table_close(&t);
+}
+
 int main(void) {
     make_file();
+    test_row_cache();
+    test_direct_reads_and_floors();
     test_modes_read_the_same_rows();
     test_size_mismatch_refused();
     test_prefetch_pages();

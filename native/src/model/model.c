@@ -60,6 +60,7 @@ strata_model_params strata_model_default_params(void) {
     p.expert_io_depth = 64;
     p.expert_prefetch = 1;
     p.split = STRATA_SPLIT_SEED;
+    p.ple_cache_bytes = pp.cache_bytes;
     return p;
 }
 

@@ -37,6 +37,7 @@ static ple_params ple_params_of(const strata_model_params *mp) {
     if (mp->ple_step_timeout_s > 0) p.step_timeout_s = mp->ple_step_timeout_s;
     p.test_stall_ms = mp->ple_test_stall_ms;
     p.test_stall_at = mp->ple_test_stall_at;
+    p.cache_bytes = mp->ple_cache_bytes;
     return p;
 }
 
@@ -247,6 +248,13 @@ strata_status strata_model_ple_info(const strata_model *m, strata_ple_info *out)
     snprintf(out->path, sizeof out->path, "%s", e->table.path);
     snprintf(out->why, sizeof out->why, "%s", e->table.why);
     out->file_offset = e->table.file_off;
+    out->cache_capacity = e->worker.cache.cap;
+    out->cache_used = atomic_load_explicit(&e->worker.cache.used, memory_order_relaxed);
+    out->cache_index_bytes = ple_cache_index_bytes(&e->worker.cache);
+    out->odirect = e->table.dfd >= 0;
+    out->dio_align = e->table.dio_align;
+    out->n_heads = (int32_t)e->worker.n_heads;
+    out->ngram = m->hp.ple_n;
     return STRATA_OK;
 }
 
@@ -264,6 +272,32 @@ strata_status strata_session_ple_stats(const strata_session *s, strata_ple_stats
 }
 
 /* ---------------------------------------------------------------- the layer */
+
+/* Adds the finished step's measurements (and those of the read-ahead steps before it) to st. Called by
+ * the thread owning the channel, after ple_wait: the worker is idle. */
+static void add_result(strata_ple_stats *st, ple_worker *w, int64_t L) {
+    const ple_result *r = &w->result;
+    ple_result *a = &w->warm_acc;
+    st->steps++;
+    st->tokens += (uint64_t)L;
+    st->rows += r->rows;
+    st->read_bytes += r->read_bytes + a->read_bytes;
+    st->major_faults += r->major_faults + a->major_faults;
+    st->minor_faults += r->minor_faults + a->minor_faults;
+    st->prefetch_pages += r->prefetch_pages;
+    st->hash_s += r->hash_s;
+    st->prefetch_s += r->prefetch_s;
+    st->gather_s += r->gather_s;
+    st->cache_lookups += r->cache_lookups;
+    st->cache_hits += r->cache_hits;
+    st->cache_hit_bytes += r->cache_hits * (uint64_t)w->table->row_bytes;
+    st->floor_pages += r->floor_pages;
+    st->floor_sectors += r->floor_sectors;
+    st->miss_pages += r->miss_pages + a->miss_pages;
+    st->miss_sectors += r->miss_sectors + a->miss_sectors;
+    st->warm_rows += a->rows;
+    memset(a, 0, sizeof *a);
+}
 
 /* The step submitted on this thread and not yet consumed by mdl_ple (a forward runs on one thread and
  * one step at a time). If forward() calls mdl_ple_submit before layer 0, the gather overlaps it. */
@@ -319,17 +353,7 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, 
         goto done;
     }
     {
-        const ple_result *r = &pe->worker.result;
-        st->steps++;
-        st->tokens += (uint64_t)L;
-        st->rows += r->rows;
-        st->read_bytes += r->read_bytes;
-        st->major_faults += r->major_faults;
-        st->minor_faults += r->minor_faults;
-        st->prefetch_pages += r->prefetch_pages;
-        st->hash_s += r->hash_s;
-        st->prefetch_s += r->prefetch_s;
-        st->gather_s += r->gather_s;
+        add_result(st, &pe->worker, L);
         /* the cpu device dequantizes the packed rows here (t-major, head-minor, as the worker laid them) */
         const double t0 = ple_now();
         const uint8_t *buf = pe->worker.buf;
@@ -398,5 +422,66 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, 
             memcpy(s->ple_conv_slots + t * hist * W, ext + (t + 1) * W, (size_t)(hist * W) * sizeof(float));
 done:
     free(emb); free(key); free(val); free(gv); free(ext); free(qry);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- read-ahead and bare gathers */
+
+strata_status strata_session_ple_prefetch(strata_session *s, const int32_t *ids, int64_t n) {
+    if (!s || (n > 0 && !ids)) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_ple_prefetch: null argument");
+    struct mdl_ple_engine *e = s->m->ple;
+    if (!e || !e->worker.cache.cap || n <= 0) return STRATA_OK;
+    int32_t h[MDL_MAX_NGRAM + 64];
+    const int64_t k = s->m->hp.ple_n - 1;
+    if (n > 64) n = 64;                                /* a verify window; more would not be a read-ahead */
+    memcpy(h, s->ple_ctx, (size_t)k * sizeof(int32_t));
+    memcpy(h + k, ids, (size_t)n * sizeof(int32_t));
+    ple_submit_warm(&e->worker, s, h, n);
+    return STRATA_OK;
+}
+
+strata_status strata_model_ple_gather(strata_model *m, const int32_t *ctx, const int32_t *ids, int64_t n,
+                                      int32_t one_token_steps, uint64_t *row_ids, uint8_t *packed,
+                                      uint64_t packed_capacity, strata_ple_stats *st) {
+    if (!m || (n > 0 && !ids)) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_ple_gather: null argument");
+    if (st) memset(st, 0, sizeof *st);
+    struct mdl_ple_engine *e = m->ple;
+    if (!e) return strata_fail(STRATA_ERR_UNSUPPORTED, "strata_model_ple_gather: the model has no PLE table");
+    ple_worker *w = &e->worker;
+    const int64_t k = m->hp.ple_n - 1, NH = w->n_heads, rb = (int64_t)e->table.row_bytes;
+    for (int64_t i = 0; i < n + (ctx ? k : 0); i++) {
+        const int32_t id = i < n ? ids[i] : ctx[i - n];
+        if (id < 0 || id >= m->hp.n_vocab)
+            return strata_fail(STRATA_ERR_INVALID_ARG, "strata_model_ple_gather: token id %d is not below n_vocab %lld", id,
+                               (long long)m->hp.n_vocab);
+    }
+    if (packed && packed_capacity < (uint64_t)(n * NH * rb))
+        return strata_fail(STRATA_ERR_BUFFER_TOO_SMALL, "strata_model_ple_gather: %lld tokens need %llu bytes of rows",
+                           (long long)n, (unsigned long long)(n * NH * rb));
+    const int64_t step = one_token_steps ? 1 : w->cap;
+    int32_t *h = malloc((size_t)(k + step) * sizeof(int32_t));
+    if (!h) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory");
+    for (int64_t i = 0; i < k; i++) h[i] = ctx ? ctx[i] : (int32_t)m->hp.ple_eos;
+    strata_ple_stats acc;
+    memset(&acc, 0, sizeof acc);
+    strata_status rc = STRATA_OK;
+    for (int64_t t0 = 0; t0 < n && !rc; t0 += step) {
+        const int64_t L = n - t0 < step ? n - t0 : step;
+        memcpy(h + k, ids + t0, (size_t)L * sizeof(int32_t));
+        uint64_t seq;
+        double wait_s = 0;
+        if ((rc = ple_submit(w, m, h, L, &seq))) break;
+        rc = ple_wait(w, seq, &wait_s);
+        if (!rc) {
+            add_result(&acc, w, L);
+            acc.wait_s += wait_s;
+            if (row_ids) memcpy(row_ids + t0 * NH, w->rows, (size_t)(L * NH) * sizeof(uint64_t));
+            if (packed) memcpy(packed + t0 * NH * rb, w->buf, (size_t)(L * NH * rb));
+        }
+        ple_release(w, m);
+        memmove(h, h + L, (size_t)k * sizeof(int32_t));   /* the next step's context: the last k ids */
+    }
+    free(h);
+    if (st) *st = acc;
     return rc;
 }

@@ -10,10 +10,20 @@
  *           VM's virtio disk, DESIGN §8). Nothing is copied into anonymous memory: the pages
  *           are file-backed page cache and stay evictable.
  *   direct  pread() of exactly the needed rows into the engine's buffer, on our own descriptor
- *           with POSIX_FADV_RANDOM (no readahead).
+ *           with POSIX_FADV_RANDOM (no readahead). A step without WILLNEED prefetch (decode: one
+ *           token, or a verify window of up to PLE_DIRECT_STEP_MAX tokens: such steps skip WILLNEED)
+ *           reads through a second descriptor opened with O_DIRECT: whole aligned 512-byte
+ *           sectors (the device's logical block; 4 KiB where it needs that) into an aligned bounce
+ *           buffer, the rows sorted by sector and rows sharing or touching sectors read as one run,
+ *           so a cold 90-byte row costs 512 or 1024 bytes of storage, not the 4 KiB page a buffered
+ *           pread fills; the runs are in flight together (Linux AIO, up to PLE_AIO_DEPTH). A longer
+ *           (prefill) step keeps the buffered descriptor and WILLNEED: it overlaps the page reads of
+ *           thousands of rows, and O_DIRECT would read those pages again. Where O_DIRECT is
+ *           refused (tmpfs, some filesystems) every step uses the buffered pread; `why` says so.
  * "auto" picks one with a short read probe at open; ple_table.why says which and why.
  *
- * Prefetch: for a step of more than one token every needed row is known up front; the rows are
+ * Prefetch: for a step of more than one token (in direct mode with O_DIRECT: of more than
+ * PLE_DIRECT_STEP_MAX tokens) every needed row is known up front; the rows are
  * mapped to their first and last 4 KiB page, the pages deduplicated and sorted, runs of
  * consecutive pages merged, and each run announced with posix_fadvise(POSIX_FADV_WILLNEED)
  * (madvise(MADV_WILLNEED) when there is no descriptor) before the gather. Advisory only: a
@@ -52,6 +62,14 @@
  * The worker never touches a session: sessions see only what M copies out of `result`.
  * ple_worker_stop joins the worker, so a stalled step delays model close but never leaks.
  *
+ * The row cache (ple_cache below) belongs to the worker: only W reads or writes it, inside a
+ * step, so it adds no lock; M reads its `used` count (atomic) for reports. A read-ahead step
+ * (ple_submit with warm = 1: strata_session_ple_prefetch) hashes its ids and reads the rows the
+ * cache misses into the cache; M does not wait for it nor read buf: it releases the channel at
+ * once, and the next step 1 waits for the worker as after a timeout. W adds the read-ahead's
+ * measurements into `warm`, which M (owning the channel, worker idle) folds into the session
+ * that consumes the next step and clears.
+ *
  * Instrumentation (per step, by the worker on itself): rows, bytes read (read_bytes of
  * /proc/thread-self/io), major/minor faults (getrusage(RUSAGE_THREAD)), prefetched pages, hash,
  * prefetch and gather time; M adds its wait time. Pages resident (mincore) are counted on demand.
@@ -69,6 +87,10 @@
 #define PLE_MAX_NGRAM 8
 #define PLE_MAX_HEADS 64
 #define PLE_PAGE 4096u
+#define PLE_SECTOR 512u
+#define PLE_BOUNCE (1u << 20)   /* bytes of O_DIRECT reads in flight at once (and of one read) at most */
+#define PLE_AIO_DEPTH 64        /* O_DIRECT reads in flight at once at most */
+#define PLE_DIRECT_STEP_MAX 16  /* direct mode: steps up to this many tokens read O_DIRECT, without WILLNEED */
 
 enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
 
@@ -83,6 +105,7 @@ typedef struct {
     double step_timeout_s;   /* ple_wait fails after this long; <= 0 means the default, 300 s */
     unsigned test_stall_ms;  /* test hook: the worker sleeps this long before publishing; 0: never */
     uint64_t test_stall_at;  /* test hook: only step (seq) N stalls; 0: every step */
+    uint64_t cache_bytes;    /* the row cache's budget (default 64 MiB; 0: off) */
 } ple_params;
 
 ple_params ple_default_params(void);
@@ -104,6 +127,8 @@ typedef struct {
     size_t row_bytes;
     int64_t n_rows;
     int fd;                  /* our descriptor of the backing file, -1 if none (table in memory) */
+    int dfd;                 /* direct mode: the same file opened O_DIRECT, -1 if refused / not direct */
+    uint32_t dio_align;      /* O_DIRECT offset/length/buffer alignment (512 or 4096); 0 without dfd */
     uint64_t file_off;       /* file offset of row 0 */
     void *own_map;           /* a mapping we made (packed file), else NULL */
     size_t own_len;
@@ -126,6 +151,54 @@ void ple_table_close(ple_table *t);
 uint64_t ple_prefetch(const ple_table *t, const uint64_t *rows, int64_t n);
 /* Copies rows[0..n) to dst (n * row_bytes). IO on a failed pread. */
 strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, uint8_t *dst);
+/* O_DIRECT reads (t->dfd) of rows[idx[0..n)] into dst + idx[i] * row_bytes: sorted by sector, runs of
+ * touching sectors read whole (at most `bounce_len` bytes a read) through `bounce` (dio_align-aligned),
+ * up to PLE_AIO_DEPTH runs in flight together through `aio` (NULL: one after the other). sc: n entries
+ * of scratch. Returns the bytes asked of storage in *req_bytes. */
+typedef struct { uint64_t lo; int64_t i; } ple_span;
+typedef struct ple_aio ple_aio;      /* a Linux AIO context (io_setup) and its request table; one thread */
+ple_aio *ple_aio_open(void);         /* NULL where the kernel refuses one */
+void ple_aio_close(ple_aio *a);
+strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint8_t *dst,
+                              uint8_t *bounce, size_t bounce_len, ple_span *sc, ple_aio *aio, uint64_t *req_bytes);
+/* The floors of reading rows[idx[0..n)] (idx NULL: rows[0..n)): the distinct 4 KiB pages and 512-byte
+ * sectors of the file holding them (every sector and page a row touches); sc: n entries of scratch. */
+void ple_floors(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, ple_span *sc, uint64_t *pages,
+                uint64_t *sectors);
+
+/* ---------------------------------------------------------------- the row cache
+ * A RAM tier of table rows keyed by row id: rows, not pages, so a 90-byte row costs 90 bytes of RAM
+ * where the page cache spends the 4 KiB page holding it. Layout (all allocated once, at start):
+ *   data  [cap x row_bytes]  entry e's row at data + e * row_bytes
+ *   key   [cap]              row id held by entry e (valid for e < used)
+ *   ref   [cap]              CLOCK reference bit: set by a hit, cleared by the passing hand
+ *   slot  [nslot]            open-addressing hash, linear probing: entry + 1, 0 = empty; nslot is a
+ *                            power of two >= 2 cap (load <= 1/2); deletion shifts back (no tombstones)
+ * Replacement: CLOCK (second chance). A hit costs one probe and a bit set (no list to relink, as
+ * LRU would on every hit of every step); the hand sweeps entries in order, clearing bits, and
+ * evicts the first entry not referenced since its last pass. A new entry starts unreferenced, so a
+ * row seen once (most n-grams of a text) is the first to go and a row hit again survives a sweep:
+ * the hot head of the n-gram distribution stays, the long tail cycles. Owned by the worker thread
+ * (ple.h protocol): no locks; `used` is atomic only because reports read it from another thread. */
+typedef struct {
+    uint8_t *data;
+    uint64_t *key;
+    uint8_t *ref;
+    uint32_t *slot;
+    uint64_t cap, nslot, hand;
+    _Atomic uint64_t used;
+    size_t row_bytes;
+    unsigned shift;              /* 64 - log2(nslot) */
+} ple_cache;
+
+/* cap = min(budget / row_bytes, max_rows); budget 0 (or cap 0) leaves the cache off (cap 0). */
+strata_status ple_cache_init(ple_cache *c, uint64_t budget, size_t row_bytes, uint64_t max_rows);
+void ple_cache_free(ple_cache *c);
+/* The cached row (marked referenced), or NULL. */
+const uint8_t *ple_cache_find(ple_cache *c, uint64_t row);
+/* Stores a row not in the cache (a present row is left as is), evicting by CLOCK when full. */
+void ple_cache_put(ple_cache *c, uint64_t row, const uint8_t *src);
+uint64_t ple_cache_index_bytes(const ple_cache *c);
 /* Pages of the table resident in the page cache (mincore) and the table's page count. */
 strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total);
 /* The path of the file mapped at addr and the file offset of addr (0 if none; Linux only). */
@@ -134,6 +207,8 @@ int ple_backing_file(const void *addr, char *path, size_t n, uint64_t *file_off)
 /* One step's measurements (worker side). */
 typedef struct {
     uint64_t rows, read_bytes, major_faults, minor_faults, prefetch_pages;
+    uint64_t cache_lookups, cache_hits, floor_pages, floor_sectors, miss_pages, miss_sectors;
+    uint64_t direct_bytes;       /* bytes asked of storage by O_DIRECT reads */
     double hash_s, prefetch_s, gather_s;
     strata_status status;
     char error[256];
@@ -151,10 +226,18 @@ typedef struct {
     int32_t *hist;               /* [n-1 + alloc] */
     int64_t n_tok;
     int prefetch;
+    int warm;                    /* a read-ahead step: fill the cache, no result for M (see above) */
     /* response */
     uint64_t *rows;              /* [alloc * NH] */
     uint8_t *buf;                /* [alloc * NH * row_bytes] packed rows */
     ple_result result;
+    ple_result warm_acc;         /* read-ahead steps' measurements not yet folded into a session */
+    /* worker-owned */
+    ple_cache cache;
+    int64_t *miss;               /* [alloc * NH] indexes of the rows the cache missed */
+    ple_span *spans;             /* [alloc * NH] scratch of ple_read_direct and ple_floors */
+    uint8_t *bounce;             /* [PLE_BOUNCE] aligned O_DIRECT buffer (NULL without dfd) */
+    ple_aio *aio;                /* the O_DIRECT reads' AIO context (NULL: none, reads one by one) */
     int64_t cap;                 /* most tokens a step may have */
     int64_t alloc;               /* tokens the buffers hold now (grown on demand up to cap) */
     /* settings */
@@ -174,6 +257,9 @@ void ple_worker_stop(ple_worker *w);
 /* Steps 1-2 for the `L` tokens at hist[n-1..) (hist: n-1 earlier ids, then the L ids; L <= cap).
  * Returns the step's seq in *seq. */
 strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq);
+/* A read-ahead step (warm, above) of hist's L tokens: only if the channel is free and the worker idle
+ * (else returns 0 and does nothing); the channel is released before returning. 1: submitted. */
+int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64_t L);
 /* Step 4: waits for done_seq >= seq; *wait_s gets the time spent. */
 strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s);
 /* Step 5. */

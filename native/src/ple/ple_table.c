@@ -4,6 +4,7 @@
 #include "ple.h"
 
 #include <errno.h>
+#include <linux/aio_abi.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@ ple_params ple_default_params(void) {
     p.step_timeout_s = 300.0;
     p.test_stall_ms = 0;
     p.test_stall_at = 0;
+    p.cache_bytes = 64ull << 20;
     return p;
 }
 
@@ -106,6 +109,42 @@ static uint64_t probe_rng(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+/* Direct mode: the O_DIRECT descriptor for reads without prefetch (ple.h). The alignment is found by
+ * reading: 512 bytes at offset 0 into a 4 KiB-aligned buffer, then 4096 if the device refuses 512.
+ * Appends what happened to t->why. */
+static void open_direct(ple_table *t) {
+    t->dfd = -1;
+    t->dio_align = 0;
+    if (t->mode != PLE_MODE_DIRECT || !t->path[0]) return;
+    const size_t w = strlen(t->why);
+    const int fd = open(t->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd < 0) {
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT refused (%s): buffered pread", strerror(errno));
+        return;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, PLE_PAGE, PLE_PAGE) != 0) {
+        close(fd);
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT unused (no memory): buffered pread");
+        return;
+    }
+    const unsigned tries[2] = {PLE_SECTOR, PLE_PAGE};
+    int err = 0;
+    for (int k = 0; k < 2 && !t->dio_align; k++) {
+        const ssize_t r = pread(fd, buf, tries[k], 0);
+        if (r >= 0) t->dio_align = tries[k];
+        else err = errno;
+    }
+    free(buf);
+    if (!t->dio_align) {
+        close(fd);
+        snprintf(t->why + w, sizeof t->why - w, "; O_DIRECT reads fail (%s): buffered pread", strerror(err));
+        return;
+    }
+    t->dfd = fd;
+    snprintf(t->why + w, sizeof t->why - w, "; decode steps O_DIRECT, %u-byte sectors", t->dio_align);
+}
+
 /* Settles the mode: applies MADV_RANDOM / FADV_RANDOM and, for auto, runs the probe. */
 static void settle(ple_table *t, int mode, const ple_params *p) {
     const ple_params dflt = ple_default_params();
@@ -182,6 +221,7 @@ strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_b
                                     const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
+    t->dfd = -1;
     t->rows = rows;
     t->row_bytes = row_bytes;
     t->n_rows = n_rows;
@@ -199,6 +239,7 @@ strata_status ple_table_open_mapped(ple_table *t, const void *rows, size_t row_b
         if (t->fd < 0) t->path[0] = 0;
     }
     settle(t, mode, p);
+    open_direct(t);
     return STRATA_OK;
 }
 
@@ -206,6 +247,7 @@ strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_byt
                                   const ple_params *p) {
     memset(t, 0, sizeof *t);
     t->fd = -1;
+    t->dfd = -1;
     if (strlen(path) >= sizeof t->path)
         return strata_fail(STRATA_ERR_INVALID_ARG, "PLE table path is too long: %s", path);
     snprintf(t->path, sizeof t->path, "%s", path);
@@ -239,14 +281,16 @@ strata_status ple_table_open_file(ple_table *t, const char *path, size_t row_byt
     t->n_rows = n_rows;
     t->file_off = 0;
     settle(t, mode, p);
+    open_direct(t);
     return STRATA_OK;
 }
 
 void ple_table_close(ple_table *t) {
     if (t->own_map) munmap(t->own_map, t->own_len);
     if (t->fd >= 0) close(t->fd);
+    if (t->dfd >= 0) close(t->dfd);
     t->own_map = NULL;
-    t->fd = -1;
+    t->fd = t->dfd = -1;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -298,6 +342,172 @@ strata_status ple_gather(const ple_table *t, const uint64_t *rows, int64_t n, ui
     }
     for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)i * rb, t->rows + rows[i] * rb, rb);
     return STRATA_OK;
+}
+
+static int cmp_span(const void *a, const void *b) {
+    const ple_span *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* ---------------------------------------------------------------- O_DIRECT reads, in flight together
+ * A token's 16 rows lie in ~16 unrelated places: read one after the other, their latencies add up
+ * (on this VM's virtio disk ~0.5-1 ms each). Linux native AIO (io_submit) is truly asynchronous on
+ * an O_DIRECT descriptor, so the runs of a step are submitted together, up to PLE_AIO_DEPTH at a time,
+ * and the step waits about one read's latency. Where io_setup fails (aio-max-nr reached, no AIO in
+ * the kernel) the reads stay one by one; results are the same. */
+struct ple_aio {
+    aio_context_t ctx;
+    struct iocb cb[PLE_AIO_DEPTH];
+    struct iocb *cbp[PLE_AIO_DEPTH];
+    struct io_event ev[PLE_AIO_DEPTH];
+    struct { uint64_t s0; size_t len, at, got; int64_t k, j; } run[PLE_AIO_DEPTH];
+};
+
+ple_aio *ple_aio_open(void) {
+    ple_aio *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    if (syscall(SYS_io_setup, PLE_AIO_DEPTH, &a->ctx) != 0) {
+        free(a);
+        return NULL;
+    }
+    return a;
+}
+
+void ple_aio_close(ple_aio *a) {
+    if (!a) return;
+    syscall(SYS_io_destroy, a->ctx);
+    free(a);
+}
+
+/* One blocking read of a run (the path without AIO, and for runs io_submit did not take). */
+static ssize_t read_run(int fd, uint8_t *buf, size_t len, uint64_t off, size_t A) {
+    size_t got = 0;
+    while (got < len) {
+        const ssize_t r = pread(fd, buf + got, len - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -errno;
+        if (r == 0) break;                               /* end of file: the last sector is short */
+        got += (size_t)r;
+        if (got % A) break;
+    }
+    return (ssize_t)got;
+}
+
+strata_status ple_read_direct(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, uint8_t *dst,
+                              uint8_t *bounce, size_t bounce_len, ple_span *sc, ple_aio *aio, uint64_t *req_bytes) {
+    const uint64_t A = t->dio_align, rb = t->row_bytes;
+    *req_bytes = 0;
+    for (int64_t k = 0; k < n; k++) {
+        sc[k].lo = t->file_off + rows[idx[k]] * rb;      /* byte offset; sorted, then grouped into runs */
+        sc[k].i = idx[k];
+    }
+    qsort(sc, (size_t)n, sizeof *sc, cmp_span);
+    struct ple_aio local;                                /* the run table when there is no AIO context */
+    struct ple_aio *q = aio ? aio : &local;
+    for (int64_t k = 0; k < n;) {
+        /* a batch: runs of touching sectors, each at most bounce_len bytes, side by side in the bounce buffer */
+        int nb = 0;
+        size_t used = 0;
+        while (k < n && nb < PLE_AIO_DEPTH) {
+            const uint64_t s0 = sc[k].lo / A;
+            uint64_t s1 = (sc[k].lo + rb - 1) / A;
+            int64_t j = k + 1;
+            while (j < n) {
+                const uint64_t lo = sc[j].lo / A, hi = (sc[j].lo + rb - 1) / A;
+                if (lo > s1 + 1 || (hi + 1 - s0) * A > bounce_len) break;
+                if (hi > s1) s1 = hi;
+                j++;
+            }
+            const size_t len = (size_t)((s1 + 1 - s0) * A);
+            if (used + len > bounce_len) break;          /* the next batch */
+            q->run[nb].s0 = s0;
+            q->run[nb].len = len;
+            q->run[nb].at = used;
+            q->run[nb].got = 0;
+            q->run[nb].k = k;
+            q->run[nb].j = j;
+            used += len;
+            *req_bytes += len;
+            nb++;
+            k = j;
+        }
+        int sub = 0;
+        if (aio && nb > 1) {
+            for (int b = 0; b < nb; b++) {
+                struct iocb *cb = &q->cb[b];
+                memset(cb, 0, sizeof *cb);
+                cb->aio_fildes = (uint32_t)t->dfd;
+                cb->aio_lio_opcode = IOCB_CMD_PREAD;
+                cb->aio_buf = (uint64_t)(uintptr_t)(bounce + q->run[b].at);
+                cb->aio_nbytes = q->run[b].len;
+                cb->aio_offset = (int64_t)(q->run[b].s0 * A);
+                cb->aio_data = (uint64_t)b;
+                q->cbp[b] = cb;
+            }
+            while (sub < nb) {
+                const long r = syscall(SYS_io_submit, q->ctx, (long)(nb - sub), q->cbp + sub);
+                if (r < 0 && errno == EINTR) continue;
+                if (r <= 0) break;                       /* the rest are read one by one below */
+                sub += (int)r;
+            }
+            for (int got = 0; got < sub;) {
+                const long r = syscall(SYS_io_getevents, q->ctx, (long)(sub - got), (long)(sub - got), q->ev + got, NULL);
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0)
+                    return strata_fail(STRATA_ERR_IO, "PLE table %s: waiting for O_DIRECT reads failed: %s", t->path,
+                                       strerror(errno));
+                got += (int)r;
+            }
+            for (int e = 0; e < sub; e++) {
+                const int b = (int)q->ev[e].data;
+                if (q->ev[e].res < 0)
+                    return strata_fail(STRATA_ERR_IO, "PLE table %s: O_DIRECT read of %zu bytes at %llu failed: %s",
+                                       t->path, q->run[b].len, (unsigned long long)(q->run[b].s0 * A),
+                                       strerror((int)-q->ev[e].res));
+                q->run[b].got = (size_t)q->ev[e].res;
+            }
+        }
+        for (int b = sub; b < nb; b++) {
+            const ssize_t r = read_run(t->dfd, bounce + q->run[b].at, q->run[b].len, q->run[b].s0 * A, (size_t)A);
+            if (r < 0)
+                return strata_fail(STRATA_ERR_IO, "PLE table %s: O_DIRECT read of %zu bytes at %llu failed: %s", t->path,
+                                   q->run[b].len, (unsigned long long)(q->run[b].s0 * A), strerror((int)-r));
+            q->run[b].got = (size_t)r;
+        }
+        for (int b = 0; b < nb; b++)
+            for (int64_t x = q->run[b].k; x < q->run[b].j; x++) {
+                const uint64_t at = sc[x].lo - q->run[b].s0 * A;
+                if (at + rb > q->run[b].got)
+                    return strata_fail(STRATA_ERR_IO, "PLE table %s: O_DIRECT read of row %llu came back short (%zu bytes)",
+                                       t->path, (unsigned long long)rows[sc[x].i], q->run[b].got);
+                memcpy(dst + (size_t)sc[x].i * rb, bounce + q->run[b].at + at, rb);
+            }
+    }
+    return STRATA_OK;
+}
+
+void ple_floors(const ple_table *t, const uint64_t *rows, const int64_t *idx, int64_t n, ple_span *sc, uint64_t *pages,
+                uint64_t *sectors) {
+    *pages = *sectors = 0;
+    if (n <= 0) return;
+    const uint64_t base = t->fd >= 0 ? t->file_off : (uint64_t)(uintptr_t)t->rows;
+    const uint64_t per = PLE_PAGE / PLE_SECTOR;
+    for (int64_t k = 0; k < n; k++) {                    /* each row's first and last sector */
+        const uint64_t a = base + rows[idx ? idx[k] : k] * t->row_bytes;
+        sc[k].lo = a / PLE_SECTOR;
+        sc[k].i = (int64_t)((a + t->row_bytes - 1) / PLE_SECTOR);
+    }
+    qsort(sc, (size_t)n, sizeof *sc, cmp_span);
+    /* the union of the intervals, in sectors and in pages (a page is `per` whole sectors, so the pages of
+     * the sorted sector intervals are sorted too) */
+    uint64_t s_end = 0, p_end = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const uint64_t lo = sc[k].lo, hi = (uint64_t)sc[k].i, plo = lo / per, phi = hi / per;
+        if (k == 0 || lo > s_end) { *sectors += hi - lo + 1; s_end = hi; }
+        else if (hi > s_end) { *sectors += hi - s_end; s_end = hi; }
+        if (k == 0 || plo > p_end) { *pages += phi - plo + 1; p_end = phi; }
+        else if (phi > p_end) { *pages += phi - p_end; p_end = phi; }
+    }
 }
 
 strata_status ple_resident(const ple_table *t, uint64_t *resident, uint64_t *total) {
@@ -439,15 +649,48 @@ static void thread_faults(uint64_t *maj, uint64_t *min) {
     *min = (uint64_t)ru.ru_minflt;
 }
 
+/* The gather of a step (ple.h): rows found in the row cache are copied from it; the rest are read
+ * from the table (O_DIRECT runs for a direct-mode step without prefetch, else buffered pread or a copy
+ * from the mapping) and stored in the cache. Cache off: exactly the reads of before the cache. */
+static strata_status gather_step(ple_worker *w, int64_t n, ple_result *r) {
+    const ple_table *t = w->table;
+    const size_t rb = t->row_bytes;
+    const int odirect = t->mode == PLE_MODE_DIRECT && t->dfd >= 0 && !w->prefetch;
+    int64_t nm = 0;
+    if (w->cache.cap) {
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *p = ple_cache_find(&w->cache, w->rows[i]);
+            if (p) memcpy(w->buf + (size_t)i * rb, p, rb);
+            else w->miss[nm++] = i;
+        }
+        r->cache_lookups = (uint64_t)n;
+        r->cache_hits = (uint64_t)(n - nm);
+    } else {
+        if (!odirect) return ple_gather(t, w->rows, n, w->buf);
+        for (int64_t i = 0; i < n; i++) w->miss[i] = i;
+        nm = n;
+    }
+    strata_status rc = STRATA_OK;
+    if (odirect) {
+        rc = ple_read_direct(t, w->rows, w->miss, nm, w->buf, w->bounce, PLE_BOUNCE, w->spans, w->aio, &r->direct_bytes);
+    } else {
+        for (int64_t k = 0; k < nm && !rc; k++)
+            rc = ple_gather(t, w->rows + w->miss[k], 1, w->buf + (size_t)w->miss[k] * rb);
+    }
+    if (rc || !w->cache.cap) return rc;
+    for (int64_t k = 0; k < nm; k++) ple_cache_put(&w->cache, w->rows[w->miss[k]], w->buf + (size_t)w->miss[k] * rb);
+    return STRATA_OK;
+}
+
 static void do_step(ple_worker *w) {
-    ple_result *r = &w->result;
+    ple_result local, *r = w->warm ? &local : &w->result;
     memset(r, 0, sizeof *r);
     const int64_t n = w->n_tok * w->n_heads;
     const uint64_t rb0 = thread_read_bytes();
     uint64_t maj0, min0, maj1, min1;
     thread_faults(&maj0, &min0);
     const double t0 = ple_now();
-    const int tr = trc_on();
+    const int tr = trc_on() && !w->warm;
     const uint64_t tt0 = tr ? trc_now() : 0;
     ple_hash_rows(w->hash, w->hist, w->n_tok, w->rows);
     for (int64_t i = 0; i < n; i++)
@@ -460,7 +703,7 @@ static void do_step(ple_worker *w) {
     const double t1 = ple_now();
     if (w->prefetch) r->prefetch_pages = ple_prefetch(w->table, w->rows, n);
     const double t2 = ple_now();
-    r->status = ple_gather(w->table, w->rows, n, w->buf);
+    r->status = gather_step(w, n, r);
     if (r->status) snprintf(r->error, sizeof r->error, "%s", strata_last_error());
     const double t3 = ple_now();
     thread_faults(&maj1, &min1);
@@ -477,6 +720,21 @@ static void do_step(ple_worker *w) {
     r->hash_s = t1 - t0;
     r->prefetch_s = t2 - t1;
     r->gather_s = t3 - t2;
+    /* the floors (ple.h): distinct pages / sectors of the step's rows, and of those the cache missed */
+    const int64_t nm = (int64_t)(r->cache_lookups - r->cache_hits);
+    ple_floors(w->table, w->rows, NULL, n, w->spans, &r->floor_pages, &r->floor_sectors);
+    if (w->cache.cap) ple_floors(w->table, w->rows, w->miss, nm, w->spans, &r->miss_pages, &r->miss_sectors);
+    else r->miss_pages = r->floor_pages, r->miss_sectors = r->floor_sectors;
+    if (w->warm) {                 /* a read-ahead: what it read, for the session of the next step */
+        ple_result *a = &w->warm_acc;
+        a->rows += (uint64_t)nm;   /* rows read into the cache */
+        a->read_bytes += r->read_bytes;
+        a->major_faults += r->major_faults;
+        a->minor_faults += r->minor_faults;
+        a->miss_pages += r->miss_pages;
+        a->miss_sectors += r->miss_sectors;
+        a->direct_bytes += r->direct_bytes;
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -514,9 +772,22 @@ static int grow(ple_worker *w, int64_t L) {
     if (r) w->rows = r;
     uint8_t *b = realloc(w->buf, (size_t)(L * w->n_heads) * w->table->row_bytes);
     if (b) w->buf = b;
-    if (!h || !r || !b) return 0;
+    int64_t *mi = realloc(w->miss, (size_t)(L * w->n_heads) * sizeof(int64_t));
+    if (mi) w->miss = mi;
+    ple_span *sp = realloc(w->spans, (size_t)(L * w->n_heads) * sizeof(ple_span));
+    if (sp) w->spans = sp;
+    if (!h || !r || !b || !mi || !sp) return 0;
     w->alloc = L;
     return 1;
+}
+
+static void worker_free(ple_worker *w) {
+    free(w->hist); free(w->rows); free(w->buf);
+    free(w->miss); free(w->spans); free(w->bounce);
+    ple_aio_close(w->aio);
+    w->aio = NULL;
+    w->hist = NULL; w->rows = NULL; w->buf = NULL; w->miss = NULL; w->spans = NULL; w->bounce = NULL;
+    ple_cache_free(&w->cache);
 }
 
 strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash *h, int64_t cap,
@@ -532,8 +803,13 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     w->stall_ms = p->test_stall_ms;
     w->stall_at = p->test_stall_at;        /* before pthread_create: the worker only reads it */
     w->prefetch = t->prefetch;
-    if (!grow(w, cap < 16 ? cap : 16)) {
-        free(w->hist); free(w->rows); free(w->buf);
+    strata_status rc = ple_cache_init(&w->cache, p->cache_bytes, t->row_bytes, (uint64_t)t->n_rows);
+    if (rc) return rc;
+    if (t->dfd >= 0 && posix_memalign((void **)&w->bounce, t->dio_align > PLE_PAGE ? t->dio_align : PLE_PAGE, PLE_BOUNCE))
+        w->bounce = NULL;
+    if (t->dfd >= 0) w->aio = ple_aio_open();            /* NULL: the reads go one by one */
+    if (!grow(w, cap < 16 ? cap : 16) || (t->dfd >= 0 && !w->bounce)) {
+        worker_free(w);
         return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers");
     }
     pthread_mutex_init(&w->mu, NULL);
@@ -541,7 +817,7 @@ strata_status ple_worker_start(ple_worker *w, const ple_table *t, const ple_hash
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
-        free(w->hist); free(w->rows); free(w->buf);
+        worker_free(w);
         return strata_fail(STRATA_ERR_INTERNAL, "PLE: cannot start the gather worker thread");
     }
     w->started = 1;
@@ -557,7 +833,7 @@ void ple_worker_stop(ple_worker *w) {
     pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
-    free(w->hist); free(w->rows); free(w->buf);
+    worker_free(w);
     w->started = 0;
 }
 
@@ -573,6 +849,12 @@ static int poll_done(ple_worker *w, uint64_t seq, double deadline) {
         nanosleep(&nap, NULL);
     }
     return 1;
+}
+
+/* WILLNEED before a step of L tokens (ple.h): a multi-token step, except in direct mode with O_DIRECT up
+ * to PLE_DIRECT_STEP_MAX tokens (verify windows), whose sector reads are in flight together anyway. */
+static int step_prefetch(const ple_table *t, int64_t L) {
+    return t->prefetch && L > 1 && !(t->mode == PLE_MODE_DIRECT && t->dfd >= 0 && L <= PLE_DIRECT_STEP_MAX);
 }
 
 strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq) {
@@ -619,13 +901,35 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
     const int64_t n = w->hash->n;
     memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;
-    w->prefetch = w->table->prefetch && L > 1;
+    w->prefetch = step_prefetch(w->table, L);
+    w->warm = 0;
     pthread_mutex_lock(&w->mu);
     *seq = prev + 1;
     atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return STRATA_OK;
+}
+
+int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64_t L) {
+    (void)owner;                   /* the channel is taken and released within this call, under mu */
+    if (!w->cache.cap || L <= 0) return 0;         /* cap is set before the worker starts, then only read */
+    pthread_mutex_lock(&w->mu);
+    const uint64_t prev = atomic_load_explicit(&w->req_seq, memory_order_relaxed);
+    if (w->owner || atomic_load_explicit(&w->done_seq, memory_order_acquire) < prev) {
+        pthread_mutex_unlock(&w->mu);              /* busy: advisory, so skipped */
+        return 0;
+    }
+    if (L > w->alloc) L = w->alloc;  /* no growing here: the first L tokens (alloc changes only under an owner) */
+    /* the channel is free and the worker idle; holding mu keeps both so while the request is written */
+    memcpy(w->hist, hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
+    w->n_tok = L;
+    w->prefetch = step_prefetch(w->table, L);
+    w->warm = 1;
+    atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 1;
 }
 
 strata_status ple_wait(ple_worker *w, uint64_t seq, double *wait_s) {

@@ -267,6 +267,10 @@ strata_status xpol_create(const char *name, int32_t n_layer, int32_t n_expert, i
         p->head[l] = p->tail[l] = -1;
         p->quota[l] = n_slots / n_layer + (l < n_slots % n_layer ? 1 : 0);
     }
+    if (p->kind == XP_FRECENCY) { /* start from the middle half-life until the shadows have counted */
+        p->cur = 1;
+        p->score = p->fscore + (size_t)p->cur * nk;
+    }
     p->window = -1;
     p->line = -1;
     p->line_layer = -1;

@@ -7,7 +7,7 @@
  * Layout (all sized at xpol_create; no call allocates)
  *   where[layer * n_expert + expert] -> slot, or -1        (a key is in at most one slot)
  *   skey [slot]  -> key, or -1 (free);  pins[slot] >= 0
- *   per-key state of every key, resident or not (counts, scores, last line): a non-resident
+ *   per-key state of every key, resident or not (counts, decayed sums, last line): a non-resident
  *   key's history is kept, so frequency policies remember what they evicted (a ghost).
  *   victims: a binary min-heap of the unpinned resident slots ordered by the policy's score
  *   (lru, lfu, lfru, frecency), or one LRU list per layer (layer-lru, least-stale).
@@ -22,10 +22,14 @@
  * A policy's decision depends only on the calls made so far (every policy here is online).
  *
  * Policies (xpol_names(); the default first):
- *   frecency     the default: a per-key rate estimate, picks decayed per window at two time scales
- *                (a fast one for bursts, a slow one for popularity), evicting the lowest; a missing
- *                key whose estimate is below the victim's is not kept (bypass: admission by
- *                frequency, the evicted keys' estimates acting as ghosts).
+ *   frecency     the default: recency-weighted frequency (LRFU) whose half-life adapts. Each key
+ *                keeps four decayed pick sums (half-lives 0.25, 8, 24 and 96 windows: from LRU to
+ *                near-LFU); four shadow caches of keys only, one per half-life, replay the same
+ *                calls and count the picks they would have hit; every 16 windows the table follows
+ *                the shadow with the most hits (counts halved per choice; the 8-window one until
+ *                the first choice), evicting the lowest sum of that half-life. A missing key whose
+ *                sum is not above the victim's is not kept (bypass: admission by frequency; evicted
+ *                keys keep their sums, as ghosts).
  *   lru          the least recently accessed key (ties: lower key).
  *   lfu          the fewest picks since creation (ties: least recent line, then lower key).
  *   lfru         recency-weighted frequency: picks decayed by 2^(-1/H) per window (H = 64), the

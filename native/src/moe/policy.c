@@ -2,10 +2,11 @@
  * policy.c — the replacement policies of policy.h (protocol and policy definitions there).
  *
  * Two victim structures:
- *   - score policies (lru, lfu, lfru, frecency): an indexed binary min-heap over the unpinned
- *     resident slots; a key's score changes only when the key is accessed (decayed counts are
- *     kept in the log domain against a fixed origin, so keys that are not accessed keep their
- *     order as time passes), so access and insert are O(log n_slots);
+ *   - score policies (lru, lfu, lfru, frecency): one indexed binary min-heap per layer over its
+ *     unpinned resident slots (the victim: the least of the n_layer tops); a key's score changes
+ *     only when the key is accessed (decayed counts are kept in the log domain against a fixed
+ *     origin, so keys that are not accessed keep their order as time passes), so an access is
+ *     O(log n_slots) and an insert O(n_layer + log n_slots);
  *   - list policies (layer-lru, least-stale): one doubly linked LRU list of resident slots per
  *     layer (head = least recent); pinned slots stay in their list and are stepped over.
  * Pinning takes a slot out of the heap and unpinning puts it back, so the heap's top is always an
@@ -65,9 +66,10 @@ struct xpol {
     double sh_hits[XP_NH];   /* picks each shadow would have hit, decayed per choice */
     int cur;                 /* the followed half-life */
     /* heap (score policies) */
-    int32_t *heap;    /* [n_slots] slots */
-    int32_t *hpos;    /* [n_slots] index in heap or -1 */
-    int32_t n_heap;
+    int32_t *heap;    /* [n_layer * hcap] slots: layer g's min-heap at heap + g * hcap */
+    int32_t *hpos;    /* [n_slots] index in its layer's heap or -1 */
+    int32_t *hn;      /* [n_layer] entries of each layer's heap */
+    int32_t hcap;     /* min(n_slots, n_expert): the most keys one layer can hold */
     /* lists (list policies) */
     int32_t *prev, *next; /* [n_slots] */
     int32_t *head, *tail; /* [n_layer] */
@@ -115,60 +117,81 @@ static int key_less(const xpol *p, int32_t ka, int32_t kb) {
 
 static int is_heap_kind(xp_kind k) { return k != XP_LAYER_LRU && k != XP_LEAST_STALE; }
 
-/* ---------------------------------------------------------------- heap */
+/* ---------------------------------------------------------------- heaps (one per layer) */
 
 static int slot_less(const xpol *p, int32_t sa, int32_t sb) { return key_less(p, p->skey[sa], p->skey[sb]); }
 
-static void heap_set(xpol *p, int32_t i, int32_t s) {
-    p->heap[i] = s;
+static int32_t slot_layer(const xpol *p, int32_t s) { return p->skey[s] / p->n_expert; }
+
+static void heap_set(xpol *p, int32_t *h, int32_t i, int32_t s) {
+    h[i] = s;
     p->hpos[s] = i;
 }
 
-static void heap_up(xpol *p, int32_t i) {
-    int32_t s = p->heap[i];
-    while (i > 0) {
-        int32_t parent = (i - 1) / 2;
-        if (!slot_less(p, s, p->heap[parent])) break;
-        heap_set(p, i, p->heap[parent]);
-        i = parent;
+/* Moves entry i of layer g's heap down to its place (up first when up_too). */
+static void heap_move(xpol *p, int32_t g, int32_t i, int up_too) {
+    int32_t *h = p->heap + (size_t)g * p->hcap, n = p->hn[g], s = h[i];
+    while (up_too && i > 0 && slot_less(p, s, h[(i - 1) / 2])) {
+        heap_set(p, h, i, h[(i - 1) / 2]);
+        i = (i - 1) / 2;
     }
-    heap_set(p, i, s);
-}
-
-static void heap_down(xpol *p, int32_t i) {
-    int32_t s = p->heap[i];
     for (;;) {
         int32_t c = 2 * i + 1;
-        if (c >= p->n_heap) break;
-        if (c + 1 < p->n_heap && slot_less(p, p->heap[c + 1], p->heap[c])) c++;
-        if (!slot_less(p, p->heap[c], s)) break;
-        heap_set(p, i, p->heap[c]);
+        if (c >= n) break;
+        if (c + 1 < n && slot_less(p, h[c + 1], h[c])) c++;
+        if (!slot_less(p, h[c], s)) break;
+        heap_set(p, h, i, h[c]);
         i = c;
     }
-    heap_set(p, i, s);
+    heap_set(p, h, i, s);
 }
 
+static void heap_sift(xpol *p, int32_t g, int32_t i) { heap_move(p, g, i, 1); }
+
 static void heap_push(xpol *p, int32_t s) {
-    heap_set(p, p->n_heap++, s);
-    heap_up(p, p->n_heap - 1);
+    int32_t g = slot_layer(p, s);
+    heap_set(p, p->heap + (size_t)g * p->hcap, p->hn[g]++, s);
+    heap_sift(p, g, p->hn[g] - 1);
 }
 
 static void heap_remove(xpol *p, int32_t s) {
     int32_t i = p->hpos[s];
     if (i < 0) return;
+    int32_t g = slot_layer(p, s), *h = p->heap + (size_t)g * p->hcap;
     p->hpos[s] = -1;
-    int32_t last = p->heap[--p->n_heap];
-    if (i == p->n_heap) return;
-    heap_set(p, i, last);
-    heap_up(p, i);
-    heap_down(p, p->hpos[last]);
+    int32_t last = h[--p->hn[g]];
+    if (i == p->hn[g]) return;
+    heap_set(p, h, i, last);
+    heap_sift(p, g, i);
 }
 
 static void heap_fix(xpol *p, int32_t s) {
-    int32_t i = p->hpos[s];
-    if (i < 0) return;
-    heap_up(p, i);
-    heap_down(p, p->hpos[s]);
+    if (p->hpos[s] >= 0) heap_sift(p, slot_layer(p, s), p->hpos[s]);
+}
+
+/* The victim of a score policy for a line of layer l: the least of the layers' tops. frecency
+ * values a key at the time of its layer's last visit: a layer after l has not been visited in
+ * this window yet, so its keys' sums count one window less decay (+1/H in the log domain; at a
+ * short half-life this is least-stale's rule: a key about to be read is not the victim). */
+static int32_t heap_victim(const xpol *p, int32_t l, double *eff_out) {
+    int32_t best = -1;
+    double best_eff = 0;
+    for (int32_t g = 0; g < p->n_layer; g++) {
+        if (p->hn[g] == 0) continue;
+        int32_t s = p->heap[(size_t)g * p->hcap];
+        if (p->kind == XP_FRECENCY) {
+            int32_t k = p->skey[s];
+            double eff = p->score[k] + (g > l ? 1.0 / xp_frec_h[p->cur] : 0.0);
+            if (best < 0 || eff < best_eff || (eff == best_eff && key_less(p, k, p->skey[best]))) {
+                best = s;
+                best_eff = eff;
+            }
+        } else if (best < 0 || slot_less(p, s, best)) {
+            best = s;
+        }
+    }
+    if (eff_out) *eff_out = best_eff;
+    return best;
 }
 
 /* ---------------------------------------------------------------- lists */
@@ -237,7 +260,9 @@ strata_status xpol_create(const char *name, int32_t n_layer, int32_t n_expert, i
     p->skey = malloc(ns * sizeof *p->skey);
     p->pins = calloc(ns, sizeof *p->pins);
     p->free_stack = malloc(ns * sizeof *p->free_stack);
-    p->heap = malloc(ns * sizeof *p->heap);
+    p->hcap = n_slots < n_expert ? n_slots : n_expert;
+    p->heap = malloc((size_t)(p->hcap ? p->hcap : 1) * nl * sizeof *p->heap);
+    p->hn = calloc(nl, sizeof *p->hn);
     p->hpos = malloc(ns * sizeof *p->hpos);
     p->prev = malloc(ns * sizeof *p->prev);
     p->next = malloc(ns * sizeof *p->next);
@@ -246,7 +271,7 @@ strata_status xpol_create(const char *name, int32_t n_layer, int32_t n_expert, i
     p->n_res_layer = calloc(nl, sizeof *p->n_res_layer);
     p->quota = malloc(nl * sizeof *p->quota);
     if (!shadows_ok || !p->where || !p->count || !p->last || !p->lastw || !p->fscore || !p->skey ||
-        !p->pins || !p->free_stack || !p->heap || !p->hpos || !p->prev || !p->next || !p->head || !p->tail ||
+        !p->pins || !p->free_stack || !p->heap || !p->hn || !p->hpos || !p->prev || !p->next || !p->head || !p->tail ||
         !p->n_res_layer || !p->quota) {
         xpol_free(p);
         return strata_fail(STRATA_ERR_NOMEM, "cache policy: out of memory for %d keys and %d slots",
@@ -285,7 +310,7 @@ void xpol_free(xpol *p) {
         free(p->sh_heap[i]);
         free(p->sh_pos[i]);
     }
-    free(p->where); free(p->count); free(p->last); free(p->lastw); free(p->fscore); free(p->skey); free(p->pins); free(p->free_stack); free(p->heap); free(p->hpos);
+    free(p->where); free(p->count); free(p->last); free(p->lastw); free(p->fscore); free(p->skey); free(p->pins); free(p->free_stack); free(p->heap); free(p->hn); free(p->hpos);
     free(p->prev); free(p->next); free(p->head); free(p->tail); free(p->n_res_layer); free(p->quota);
     free(p);
 }
@@ -363,7 +388,8 @@ static void frecency_choose(xpol *p) {
     if (best == p->cur) return;
     p->cur = best;
     p->score = p->fscore + (size_t)best * p->n_keys;
-    for (int32_t j = p->n_heap / 2 - 1; j >= 0; j--) heap_down(p, j);
+    for (int32_t g = 0; g < p->n_layer; g++)
+        for (int32_t j = p->hn[g] / 2 - 1; j >= 0; j--) heap_move(p, g, j, 0); /* heapify: down only */
 }
 
 void xpol_window(xpol *p) {
@@ -488,11 +514,10 @@ int32_t xpol_insert(xpol *p, int32_t layer, int32_t expert, int32_t *ev_layer, i
     if (p->kind == XP_LEAST_STALE) {
         s = least_stale_victim(p, layer);
     } else {
-        if (p->n_heap == 0) return -1;
-        s = p->heap[0];
-        if (p->kind == XP_FRECENCY) {
-            if (p->score[k] <= p->score[p->skey[s]]) return -1; /* bypass: k is not worth the victim */
-        }
+        double eff;
+        s = heap_victim(p, layer, &eff);
+        if (s < 0) return -1;
+        if (p->kind == XP_FRECENCY && p->score[k] <= eff) return -1; /* bypass: k is not worth the victim */
     }
     if (s < 0) return -1;
     evict(p, s, ev_layer, ev_expert);
@@ -551,8 +576,10 @@ int xpol_validate(const xpol *p, char *why, size_t n) {
             if (p->hpos[s] >= 0) {
                 in_heap++;
                 int32_t i = p->hpos[s];
-                if (i >= p->n_heap || p->heap[i] != s) XP_BAD("slot %d: heap position %d disagrees", s, i);
-                if (i > 0 && slot_less(p, s, p->heap[(i - 1) / 2])) XP_BAD("heap order broken at %d", i);
+                int32_t g = k / p->n_expert;
+                const int32_t *h = p->heap + (size_t)g * p->hcap;
+                if (i >= p->hn[g] || h[i] != s) XP_BAD("slot %d: heap position %d disagrees", s, i);
+                if (i > 0 && slot_less(p, s, h[(i - 1) / 2])) XP_BAD("layer %d's heap order broken at %d", g, i);
             }
         }
     }
@@ -563,7 +590,11 @@ int xpol_validate(const xpol *p, char *why, size_t n) {
         int32_t s = p->free_stack[i];
         if (s < 0 || s >= p->n_slots || p->skey[s] >= 0) XP_BAD("free stack entry %d: slot %d is not free", i, s);
     }
-    if (is_heap_kind(p->kind) && in_heap != p->n_heap) XP_BAD("heap holds %d, %d slots point in", p->n_heap, in_heap);
+    if (is_heap_kind(p->kind)) {
+        int32_t total = 0;
+        for (int32_t g = 0; g < p->n_layer; g++) total += p->hn[g];
+        if (in_heap != total) XP_BAD("heaps hold %d, %d slots point in", total, in_heap);
+    }
     if (!is_heap_kind(p->kind)) {
         int32_t listed = 0;
         for (int32_t l = 0; l < p->n_layer; l++) {

@@ -9,8 +9,8 @@
  *   skey [slot]  -> key, or -1 (free);  pins[slot] >= 0
  *   per-key state of every key, resident or not (counts, decayed sums, last line): a non-resident
  *   key's history is kept, so frequency policies remember what they evicted (a ghost).
- *   victims: a binary min-heap of the unpinned resident slots ordered by the policy's score
- *   (lru, lfu, lfru, frecency), or one LRU list per layer (layer-lru, least-stale).
+ *   victims: one binary min-heap per layer of its unpinned resident slots ordered by the policy's
+ *   score (lru, lfu, lfru, frecency), or one LRU list per layer (layer-lru, least-stale).
  *
  * Call protocol, per MoE layer line (one layer of one window), from one thread:
  *   xpol_window() when a window begins;
@@ -27,7 +27,9 @@
  *                near-LFU); four shadow caches of keys only, one per half-life, replay the same
  *                calls and count the picks they would have hit; every 16 windows the table follows
  *                the shadow with the most hits (counts halved per choice; the 8-window one until
- *                the first choice), evicting the lowest sum of that half-life. A missing key whose
+ *                the first choice), evicting the lowest sum of that half-life, each valued at its
+ *                layer's last visit (at a line of layer l, a later layer's keys have not had this
+ *                window's chance yet: least-stale's rule, in the decayed sums). A missing key whose
  *                sum is not above the victim's is not kept (bypass: admission by frequency; evicted
  *                keys keep their sums, as ghosts).
  *   lru          the least recently accessed key (ties: lower key).

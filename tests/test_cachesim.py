@@ -596,3 +596,41 @@ def test_cli_compare_and_online_check(tmp_path):
     assert out.exit_code == 0 and out.output.startswith("lfru: ") and "online check passed" in out.output
     out = runner.invoke(main, ["cache-sim", str(p)])
     assert out.exit_code != 0 and "--compare" in out.output
+
+
+def best_demand_fill(records, capacity):
+    """The most hits any policy can get with the demand-fill timing (exhaustive: after each line,
+    every way to keep or bypass each missing expert and every choice of victims)."""
+    from functools import lru_cache
+    from itertools import combinations
+
+    lines = [[(r.layer, int(e)) for t in r.tokens for e in t] for r in records]
+
+    @lru_cache(maxsize=None)
+    def go(i, cache):
+        if i == len(lines):
+            return 0
+        picks = lines[i]
+        hits = sum(k in cache for k in picks)
+        missing = sorted(set(k for k in picks if k not in cache))
+        best = 0
+        # the cache after the line: any subset of (cache | missing) of at most `capacity` keys (what
+        # inserts, evictions and bypasses can reach, and voluntary evictions, which never help)
+        pool = sorted(set(cache) | set(missing))
+        for n in range(0, min(capacity, len(pool)) + 1):
+            for keep in combinations(pool, n):
+                best = max(best, go(i + 1, frozenset(keep)))
+        return hits + best
+
+    return go(0, frozenset())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_belady_is_the_demand_fill_optimum_on_one_token_windows(seed):
+    rng = np.random.default_rng(seed)
+    trace = [rec(w, int(rng.integers(0, 2)), list(rng.choice(4, size=2, replace=False))) for w in range(9)]
+    for capacity in (1, 2, 3):
+        opt = best_demand_fill(trace, capacity)
+        assert simulate(trace, capacity, "belady").hits == opt, capacity
+        for p in cachesim.C_POLICIES:
+            assert simulate(trace, capacity, p).hits <= opt

@@ -73,6 +73,11 @@ expert are two misses.
   two timings coincide and it is exactly the optimum of the demand-filled tier.
 - `compare` runs every policy at capacity fractions (a share of n_layer x n_expert slots) and
   gives each hit rate with its ratio to Belady's.
+
+The traces issue 20 measures on: flash-small's, recorded with
+`strata generate PROMPT -n 512 --temp 0.8 --seed N --threads 1 --trace-routing FILE` on code prompts
+and concatenated with the window numbers continued; and the synthetic trace of the real model's
+shape from `tools/make_routing_trace.py` (its docstring gives the model and its fitted parameters).
 """
 from __future__ import annotations
 

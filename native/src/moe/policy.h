@@ -41,6 +41,15 @@
  *   least-stale  staleness in missed layer visits: at a line of layer l in window t, a key of
  *                layer l' last read in window w has missed t - w - 1 + [l' <= l] chances to be
  *                read; the most-missed goes, ties: the key whose layer comes back last.
+ *
+ * Measured (strata cache-sim TRACE --compare; hit rate at 25 / 50 / 75 % of n_layer x n_expert slots):
+ *   flash-small, 8 sampled code continuations (4 x 32, top-4, 3584 windows):
+ *     frecency 0.708 / 0.927 / 0.992, lfru 0.690 / 0.925 / 0.992, lru 0.592 / 0.902 / 0.991,
+ *     hotness 0.520 / 0.914 / 0.990, belady 0.817 / 0.964 / 0.996;
+ *   tools/make_routing_trace.py (48 x 512, top-10, 3000 windows):
+ *     frecency 0.525 / 0.695 / 0.803, lru 0.513 / 0.693 / 0.803, lfru 0.340 / 0.587 / 0.786,
+ *     belady 0.745 / 0.860 / 0.931.
+ * frecency is the best online policy measured on both, hence the default.
  */
 #ifndef STRATA_MOE_POLICY_H
 #define STRATA_MOE_POLICY_H

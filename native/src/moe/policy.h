@@ -62,8 +62,8 @@
 
 typedef struct xpol xpol;
 
-/* name: one of xpol_names(); n_slots >= 0 slots shared by all layers (keys are (layer, expert)).
- * Fails with STRATA_ERR_INVALID_ARG (an unknown name: the message lists the accepted ones) or
+/* name: one of xpol_names(); n_slots >= 0 slots shared by all layers (keys are (layer, expert)); slots
+ * beyond n_layer x n_expert are never handed out. Memory: O(n_layer x n_expert + n_slots). Fails with STRATA_ERR_INVALID_ARG (an unknown name: the message lists the accepted ones) or
  * STRATA_ERR_NOMEM. */
 strata_status xpol_create(const char *name, int32_t n_layer, int32_t n_expert, int32_t n_slots, xpol **out);
 void xpol_free(xpol *p);

@@ -49,12 +49,35 @@ expert are two misses.
   engine that holds when the swap's copy completes before the next window reaches that layer, which
   nothing waits for (the copy engine runs on while the model thread goes on); a fast link
   (`--sim-link-gbps` large) makes it so in practice, and the trace's `resident` lists show where not.
-- `lru`: a missing expert is inserted, evicting the least recently picked one.
-- `lfu`: a missing expert is inserted, evicting the resident one with the fewest picks so far
-  (counts kept for every expert; ties: least recently picked, then lowest (layer, expert)).
-- `belady`: the clairvoyant optimum (Belady's MIN): pick by pick, a missing expert replaces the
-  resident one whose next pick is furthest away, or is not kept when its own next pick is later
-  still. It is answered pick by pick, which no online policy above can beat, so it bounds them all.
+- The policies of native/src/moe/policy.h (`frecency` (the engine's default), `lru`, `lfu`, `lfru`,
+  `layer-lru`, `least-stale`; that header defines each): the engine's `--cache-policy` code itself,
+  run by strata_policy_replay (strata.h) with the timing of a demand-filled tier. Per line (one MoE
+  layer of one window): every pick is one lookup, a hit when its (layer, expert) was resident as the
+  line began; then every distinct expert of the line is accessed once (its picks and best rank), in
+  order of first appearance, hits and misses alike; then each missing one is inserted (a free slot,
+  else the policy's victim, or not kept when the policy bypasses it), resident from the next line
+  on. So two tokens of one window that pick the same missing expert are two misses, and a line's
+  residents are the most recent keys when its misses choose victims. (`lru`/`lfu` were Python
+  loops that inserted in first-appearance order before touching the line's later hits; the C
+  order touches all first: the two differ only when a line reads more experts than the table
+  holds.) The trace's `skipped` lists are not used: every read expert is filled.
+  Every one of them is online: what it decides at window t depends only on windows <= t;
+  `check_online` replays every prefix length it is given and asserts that the hits of the first t
+  windows do not change when the later windows are removed.
+- `belady`: the clairvoyant optimum (Belady's MIN with bypass): pick by pick, a missing expert
+  replaces the resident one whose next pick is furthest away, or is not kept when its own next pick
+  is later still. MIN with bypass is optimal for a tier that may decline to keep what it read. It
+  is answered pick by pick, which no policy with the demand-fill timing above can beat (a pick may
+  hit on an expert the same line read before), so it bounds them all; where every line's picks are
+  distinct experts (decode windows of one token: a token never routes to an expert twice) the
+  two timings coincide and it is exactly the optimum of the demand-filled tier.
+- `compare` runs every policy at capacity fractions (a share of n_layer x n_expert slots) and
+  gives each hit rate with its ratio to Belady's.
+
+The traces issue 20 measures on: flash-small's, recorded with
+`strata generate PROMPT -n 512 --temp 0.8 --seed N --threads 1 --trace-routing FILE` on code prompts
+and concatenated with the window numbers continued; and the synthetic trace of the real model's
+shape from `tools/make_routing_trace.py` (its docstring gives the model and its fitted parameters).
 """
 from __future__ import annotations
 
@@ -62,13 +85,20 @@ import heapq
 import json
 import math
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Sequence
 
 import numpy as np
 
-POLICIES = ("hotness", "lru", "lfu", "belady")
+def _c_policy_names() -> tuple[str, ...]:
+    from ._native import ffi, lib
+    return tuple(ffi.string(lib.strata_policy_names()).decode().split(","))
+
+
+# The C policies (policy.h, the default first), the seed's hotness replay, and the clairvoyant bound.
+C_POLICIES = _c_policy_names()
+POLICIES = ("hotness",) + C_POLICIES + ("belady",)
+ONLINE_POLICIES = POLICIES[:-1]
 
 # The hotness rule's constants: ec_default_params() in native/src/moe/expert_cache.c
 # (tests/test_cachesim.py checks that the two agree).
@@ -240,7 +270,7 @@ def _first_appearance(tokens: list[list[int]]) -> list[int]:
 # ------------------------------------------------------------------ policies
 
 def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay,
-                 stream_min=HOT_STREAM_MIN, staging=HOT_STAGING):
+                 stream_min=HOT_STREAM_MIN, staging=HOT_STAGING, per_window=None):
     """off_begin / off_finish of native/src/moe/offload.c over the expert_cache.c table, line by
     line (the module docstring says which engine steps each part mirrors)."""
     heat = np.zeros((n_layer, n_expert), dtype=np.float32)
@@ -252,6 +282,8 @@ def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_
     ids = np.arange(n_expert)
     last_layer = n_layer - 1
     for wi, window in enumerate(windows(records), 1):
+        if per_window is not None:
+            per_window.append(hits)
         for r in window:
             # off_begin publishes the copies that completed: every earlier line's admits (that
             # line's off_finish waited for the computation after each copy)
@@ -312,57 +344,6 @@ def _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_
     return hits, lookups
 
 
-def _sim_lru(records, capacity):
-    cache: OrderedDict = OrderedDict()
-    hits = lookups = 0
-    for r in records:
-        for t in r.tokens:
-            for e in t:
-                lookups += 1
-                hits += (r.layer, e) in cache
-        for e in _first_appearance(r.tokens):
-            k = (r.layer, e)
-            if k in cache:
-                cache.move_to_end(k)
-            elif capacity > 0:
-                if len(cache) >= capacity:
-                    cache.popitem(last=False)
-                cache[k] = None
-    return hits, lookups
-
-
-def _sim_lfu(records, capacity):
-    count: dict = {}
-    last: dict = {}
-    cache: set = set()
-    heap: list = []    # (count, last, key), stale entries skipped
-    hits = lookups = 0
-    for step, r in enumerate(records):
-        for t in r.tokens:
-            for e in t:
-                lookups += 1
-                hits += (r.layer, e) in cache
-        for t in r.tokens:
-            for e in t:
-                k = (r.layer, e)
-                count[k] = count.get(k, 0) + 1
-                last[k] = step
-        for e in _first_appearance(r.tokens):
-            k = (r.layer, e)
-            if k in cache:
-                heapq.heappush(heap, (count[k], last[k], k))
-                continue
-            if capacity <= 0:
-                continue
-            while len(cache) >= capacity:
-                c, s, v = heapq.heappop(heap)
-                if v in cache and count[v] == c and last[v] == s:
-                    cache.discard(v)
-            cache.add(k)
-            heapq.heappush(heap, (count[k], last[k], k))
-    return hits, lookups
-
-
 def _sim_belady(records, capacity):
     seq = [(r.layer, e) for r in records for t in r.tokens for e in t]
     never = len(seq)
@@ -396,6 +377,75 @@ def _sim_belady(records, capacity):
     return hits, len(seq)
 
 
+# ------------------------------------------------------------------ the C policies (policy.h)
+
+@dataclass
+class FlatTrace:
+    """A trace as the flat arrays strata_policy_replay takes (one entry per line, per pick)."""
+    line_window: np.ndarray   # int64 [n_lines]
+    line_layer: np.ndarray    # int32 [n_lines]
+    pick_off: np.ndarray      # int64 [n_lines + 1]
+    pick_expert: np.ndarray   # int32 [n_picks]
+    pick_rank: np.ndarray     # int32 [n_picks]: the pick's place in its token (0 = top)
+    n_windows: int
+    window_end: np.ndarray    # int64 [n_windows]: index of the first line after each window
+
+    def prefix(self, n_windows: int) -> "FlatTrace":
+        """The first n_windows windows."""
+        n_lines = int(self.window_end[n_windows - 1]) if n_windows else 0
+        n_picks = int(self.pick_off[n_lines])
+        return FlatTrace(self.line_window[:n_lines], self.line_layer[:n_lines], self.pick_off[:n_lines + 1],
+                         self.pick_expert[:n_picks], self.pick_rank[:n_picks], n_windows,
+                         self.window_end[:n_windows])
+
+
+def flatten(records: Sequence[TraceRecord]) -> FlatTrace:
+    n = len(records)
+    line_window = np.fromiter((r.window for r in records), dtype=np.int64, count=n)
+    line_layer = np.fromiter((r.layer for r in records), dtype=np.int32, count=n)
+    sizes = np.fromiter((sum(len(t) for t in r.tokens) for r in records), dtype=np.int64, count=n)
+    pick_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=pick_off[1:])
+    total = int(pick_off[-1])
+    pick_expert = np.fromiter((e for r in records for t in r.tokens for e in t), dtype=np.int32, count=total)
+    pick_rank = np.fromiter((i for r in records for t in r.tokens for i in range(len(t))), dtype=np.int32,
+                            count=total)
+    starts = np.flatnonzero(np.diff(line_window)) + 1 if n else np.zeros(0, dtype=np.int64)
+    window_end = np.append(starts, n).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    return FlatTrace(line_window, line_layer, pick_off, pick_expert, pick_rank, len(window_end), window_end)
+
+
+def c_policies() -> tuple[str, ...]:
+    """The policies of native/src/moe/policy.h (the engine's --cache-policy names), the default first."""
+    return C_POLICIES
+
+
+def c_default_policy() -> str:
+    from ._native import ffi, lib
+    return ffi.string(lib.strata_policy_default()).decode()
+
+
+def replay_c(flat: FlatTrace, policy: str, capacity: int, n_layer: int, n_expert: int,
+             per_window: bool = False):
+    """strata_policy_replay: (hits, lookups), plus the hits of each window when per_window."""
+    from ._native import check, ffi, lib
+
+    def ptr(a, t):
+        return ffi.cast(t, ffi.from_buffer(a)) if a.size else ffi.NULL
+
+    hits = ffi.new("uint64_t *")
+    lookups = ffi.new("uint64_t *")
+    wh = np.zeros(max(flat.n_windows, 1), dtype=np.uint64) if per_window else None
+    check(lib.strata_policy_replay(
+        policy.encode(), n_layer, n_expert, capacity, len(flat.line_window),
+        ptr(flat.line_window, "int64_t *"), ptr(flat.line_layer, "int32_t *"), ptr(flat.pick_off, "int64_t *"),
+        ptr(flat.pick_expert, "int32_t *"), ptr(flat.pick_rank, "int32_t *"), flat.n_windows,
+        ptr(wh, "uint64_t *") if per_window else ffi.NULL, hits, lookups))
+    if per_window:
+        return int(hits[0]), int(lookups[0]), wh[:flat.n_windows].astype(np.int64)
+    return int(hits[0]), int(lookups[0])
+
+
 def simulate(records: Sequence[TraceRecord], capacity: int, policy: str = "hotness", *,
              interval: int = HOT_INTERVAL, n_layer: int | None = None, n_expert: int | None = None,
              max_swaps: int = HOT_MAX_SWAPS, min_diff: float = HOT_MIN_DIFF,
@@ -424,10 +474,86 @@ def simulate(records: Sequence[TraceRecord], capacity: int, policy: str = "hotne
         n_expert = max(n_expert or 0, need_e)
         hits, lookups = _sim_hotness(records, capacity, n_layer, n_expert, interval, max_swaps, min_diff, decay,
                                      stream_min, staging)
-    elif policy == "lru":
-        hits, lookups = _sim_lru(records, capacity)
-    elif policy == "lfu":
-        hits, lookups = _sim_lfu(records, capacity)
+    elif policy in C_POLICIES:
+        need_l, need_e = trace_shape(records) if records else (1, 1)
+        hits, lookups = replay_c(flatten(records), policy, capacity, max(n_layer or 0, need_l),
+                                 max(n_expert or 0, need_e))
     else:
         hits, lookups = _sim_belady(records, capacity)
     return SimResult(policy, capacity, hits, lookups)
+
+
+def window_hits(records: Sequence[TraceRecord], capacity: int, policy: str, n_layer: int, n_expert: int,
+                flat: FlatTrace | None = None) -> np.ndarray:
+    """The hits of each window (in order) under an online policy."""
+    if policy in C_POLICIES:
+        return replay_c(flat or flatten(records), policy, capacity, n_layer, n_expert, per_window=True)[2]
+    if policy == "hotness":
+        before: list[int] = []
+        hits, _ = _sim_hotness(records, capacity, n_layer, n_expert, HOT_INTERVAL, HOT_MAX_SWAPS, HOT_MIN_DIFF,
+                               HOT_DECAY, per_window=before)
+        return np.diff(np.array(before + [hits], dtype=np.int64))
+    raise ValueError(f"{policy}: not an online policy")
+
+
+def check_online(records: Sequence[TraceRecord], capacity: int, policy: str, n_layer: int, n_expert: int,
+                 prefixes: Sequence[int] | None = None, flat: FlatTrace | None = None) -> list[int]:
+    """Replays prefixes of the trace (the first t windows, for each t in prefixes; default: 8 lengths
+    spread over the trace) and raises AssertionError when the hits counted in the first t windows of
+    the whole replay differ from the prefix's own: a policy that looked ahead. Returns the lengths."""
+    flat = flat or flatten(records)
+    n = flat.n_windows
+    if prefixes is None:
+        prefixes = sorted({max(1, round(n * i / 8)) for i in range(1, 8)} | {1})
+    if policy == "hotness":
+        full = np.cumsum(window_hits(records, capacity, policy, n_layer, n_expert))
+        for t in prefixes:
+            got = simulate(records[:int(flat.window_end[t - 1])], capacity, "hotness", n_layer=n_layer,
+                           n_expert=n_expert).hits
+            if got != full[t - 1]:
+                raise AssertionError(f"{policy}: {got} hits in the first {t} windows alone, {full[t - 1]} "
+                                     "with the later windows present: not online")
+        return list(prefixes)
+    full = replay_c(flat, policy, capacity, n_layer, n_expert, per_window=True)[2]
+    for t in prefixes:
+        part = replay_c(flat.prefix(t), policy, capacity, n_layer, n_expert, per_window=True)[2]
+        if not np.array_equal(part, full[:t]):
+            w = int(np.flatnonzero(part != full[:t])[0])
+            raise AssertionError(f"{policy}: window {w} has {part[w]} hits in a replay of the first {t} windows, "
+                                 f"{full[w]} in the whole trace's: its decisions looked ahead (not online)")
+    return list(prefixes)
+
+
+def compare(records: Sequence[TraceRecord], fractions: Sequence[float] = (0.25, 0.5, 0.75), *,
+            n_layer: int | None = None, n_expert: int | None = None, policies: Sequence[str] | None = None,
+            online_check: bool = False, interval: int = HOT_INTERVAL) -> dict:
+    """Every policy at every capacity fraction (a share of n_layer x n_expert slots): hit rates and
+    their ratio to Belady's. online_check: also check_online for every online policy."""
+    need_l, need_e = trace_shape(records)
+    n_layer = max(n_layer or 0, need_l)
+    n_expert = max(n_expert or 0, need_e)
+    policies = list(policies or POLICIES)
+    if "belady" not in policies:
+        policies.append("belady")
+    flat = flatten(records)
+    rows = []
+    for frac in fractions:
+        if not 0 <= frac <= 1:
+            raise ValueError(f"capacity fraction {frac}: give a share of all experts in [0, 1]")
+        cap = int(math.floor(frac * n_layer * n_expert + 1e-9))
+        best = simulate(records, cap, "belady")
+        for p in policies:
+            if p == "belady":
+                r = best
+            elif p in C_POLICIES:
+                h, n = replay_c(flat, p, cap, n_layer, n_expert)
+                r = SimResult(p, cap, h, n)
+            else:
+                r = simulate(records, cap, p, n_layer=n_layer, n_expert=n_expert, interval=interval)
+            row = {"policy": p, "fraction": frac, **r.to_json(),
+                   "vs_belady": r.hits / best.hits if best.hits else (1.0 if r.hits == 0 else float("inf"))}
+            if online_check and p != "belady":
+                row["online_checked"] = check_online(records, cap, p, n_layer, n_expert, flat=flat)
+            rows.append(row)
+    return {"n_layer": n_layer, "n_expert": n_expert, "windows": flat.n_windows, "lookups": int(len(flat.pick_expert)),
+            "default": C_POLICIES[0], "rows": rows}

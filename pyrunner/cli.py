@@ -995,42 +995,82 @@ def batch(in_path, out_path, retry_errors, max_tokens, parallel, ray_address, qu
 # ------------------------------------------------------------------ cache-sim
 
 
+def _cache_policy_names() -> list[str]:
+    from .cachesim import POLICIES
+    return list(POLICIES)
+
+
 @main.command("cache-sim")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
-@click.option("--capacity", required=True,
+@click.option("--capacity", default=None,
               help="Expert slots over all layers: a count (e.g. 96) or a share of all experts (e.g. 25%).")
-@click.option("--policy", type=click.Choice(["hotness", "lru", "lfu", "belady"]), default="hotness", show_default=True,
-              help="Replacement policy; belady is the clairvoyant optimum.")
+@click.option("--policy", type=click.Choice(_cache_policy_names()), default="hotness", show_default=True,
+              help="Replacement policy: the seed's hotness replay, the engine's --cache-policy names "
+                   "(native/src/moe/policy.h, the same code), or belady, the clairvoyant optimum.")
 @click.option("--interval", type=int, default=None,
               help="hotness: windows between adjustment rounds [default: 32, as the engine].")
 @click.option("--experts", "n_expert", type=int, default=None,
               help="Experts per layer, for a percentage capacity (default: the largest id in the trace + 1).")
-@click.option("--json", "as_json", is_flag=True, help="Print {policy, capacity, hits, lookups, hit_rate} as JSON.")
-def cache_sim(trace, capacity, policy, interval, n_expert, as_json):
+@click.option("--compare", is_flag=True,
+              help="Every policy at every --capacities fraction: hit rate and its ratio to Belady's.")
+@click.option("--capacities", default="0.25,0.5,0.75", show_default=True,
+              help="--compare: capacity fractions, shares of all n_layer x n_expert slots.")
+@click.option("--check-online", is_flag=True,
+              help="Replay prefixes of the trace and fail if an online policy's hits in the first t windows "
+                   "change when later windows are removed (always on with --compare).")
+@click.option("--json", "as_json", is_flag=True, help="Print {policy, capacity, hits, lookups, hit_rate} as JSON "
+                                                       "(--compare: the whole table).")
+def cache_sim(trace, capacity, policy, interval, n_expert, compare, capacities, check_online, as_json):
     """Replay a routing trace (written by --trace-routing) through an expert-cache policy and report
     its hit rate: hits / lookups over every routed pick."""
     from . import cachesim
 
+    if not compare and capacity is None:
+        raise click.ClickException("cache-sim: give --capacity (slots, or a share such as 25%), or --compare")
+    interval = cachesim.HOT_INTERVAL if interval is None else interval
     try:
         records = cachesim.read_trace(trace)
         n_layer, seen_experts = cachesim.trace_shape(records)
         if n_expert is not None and n_expert < seen_experts:
             raise ValueError(f"--experts {n_expert}: the trace routes to expert id {seen_experts - 1}")
         n_expert = n_expert or seen_experts
-        slots = cachesim.parse_capacity(capacity, n_layer, n_expert)
-        res = cachesim.simulate(records, slots, policy, n_layer=n_layer, n_expert=n_expert,
-                                interval=cachesim.HOT_INTERVAL if interval is None else interval)
+        if compare:
+            try:
+                fracs = [float(x) for x in capacities.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"--capacities {capacities!r}: give fractions such as 0.25,0.5,0.75") from None
+            table = cachesim.compare(records, fracs, n_layer=n_layer, n_expert=n_expert, online_check=True,
+                                     interval=interval)
+        else:
+            slots = cachesim.parse_capacity(capacity, n_layer, n_expert)
+            res = cachesim.simulate(records, slots, policy, n_layer=n_layer, n_expert=n_expert, interval=interval)
+            if check_online and policy != "belady":
+                cachesim.check_online(records, slots, policy, n_layer, n_expert)
     except cachesim.TraceError as e:
         raise _fail(e) from None
+    except AssertionError as e:
+        raise click.ClickException(f"cache-sim: online check failed: {e}") from None
     except ValueError as e:
         raise click.ClickException(f"cache-sim: {e}") from None
+    if compare:
+        if as_json:
+            click.echo(json.dumps(table))
+            return
+        click.echo(f"{trace}: {table['windows']} windows, {table['lookups']} picks, {n_layer} layers x "
+                   f"{n_expert} experts; online check passed for every policy but belady; default "
+                   f"--cache-policy {table['default']}")
+        click.echo(f"{'policy':<12} {'capacity':>10} {'slots':>7} {'hit rate':>9} {'/ belady':>9}")
+        for r in table["rows"]:
+            click.echo(f"{r['policy']:<12} {100 * r['fraction']:>9.1f}% {r['capacity']:>7d} "
+                       f"{r['hit_rate']:>9.4f} {r['vs_belady']:>9.3f}")
+        return
     if as_json:
         click.echo(json.dumps(res.to_json()))
         return
     n_windows = sum(1 for _ in cachesim.windows(records))
     click.echo(f"{policy}: {res.hits}/{res.lookups} hits ({100 * res.hit_rate:.1f} %) with {slots} slots "
                f"({100 * slots / (n_layer * n_expert):.1f} % of {n_layer} layers x {n_expert} experts), "
-               f"{n_windows} windows")
+               f"{n_windows} windows" + (", online check passed" if check_online and policy != "belady" else ""))
 
 # ------------------------------------------------------------------ plot
 

@@ -412,3 +412,225 @@ def test_cli_errors(tmp_path):
     empty.write_text("")
     out = runner.invoke(main, ["cache-sim", str(empty), "--capacity", "4"])
     assert out.exit_code != 0 and "no records" in out.output
+
+
+# ------------------------------------------------------------------ the C policies (native/src/moe/policy.h)
+
+def test_policy_names_come_from_c():
+    assert cachesim.C_POLICIES[0] == cachesim.c_default_policy()
+    assert {"lru", "lfu", "lfru", "layer-lru", "least-stale"} <= set(cachesim.C_POLICIES)
+    assert cachesim.POLICIES == ("hotness",) + cachesim.C_POLICIES + ("belady",)
+
+
+@pytest.fixture(scope="module")
+def c_policy_stress(tmp_path_factory):
+    """tests/native/test_policy.c: every policy under a randomized stress through the C module."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the policy stress"
+    exe = tmp_path_factory.mktemp("pol") / "test_policy"
+    src = ROOT / "native" / "src"
+    r = subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-I",
+                        str(ROOT / "native" / "include"), "-I", str(src), str(ROOT / "tests" / "native" / "test_policy.c"),
+                        str(src / "moe" / "policy.c"), str(src / "util" / "error.c"), "-lm", "-lpthread", "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def test_every_policy_keeps_its_invariants_under_stress(c_policy_stress):
+    # No key resident twice, maps agree, pinned slots never victims, inserts report what they evict,
+    # and the bad-name message lists every name: 6 shapes x 4 seeds x 3000 calls per policy.
+    out = subprocess.run([str(c_policy_stress), "4", "3000"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"ok ({len(cachesim.C_POLICIES)} policies)" in out.stdout
+
+
+def brute_lru(records, capacity, n_expert=24):
+    """LRU with the demand-fill timing of the module docstring, in plain Python: a line's picks
+    answered from the table as the line began, its experts touched, then its misses inserted, each
+    evicting the least recently touched key (ties: the lower layer * n_expert + expert)."""
+    last: dict = {}   # resident key -> line of its last touch
+    hits = 0
+    for i, r in enumerate(records):
+        keys = list(dict.fromkeys((r.layer, e) for t in r.tokens for e in t))
+        start = set(last)
+        hits += sum((r.layer, e) in start for t in r.tokens for e in t)
+        for k in keys:
+            if k in start:
+                last[k] = i
+        for k in keys:
+            if k not in start and capacity > 0:
+                if len(last) >= capacity:
+                    del last[min(last, key=lambda v: (last[v], v[0] * n_expert + v[1]))]
+                last[k] = i
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_lru_is_the_stated_rule(seed):
+    trace = random_trace(300 + seed, n_windows=80)
+    for capacity in (0, 1, 5, 18, 36, 72):
+        assert simulate(trace, capacity, "lru").hits == brute_lru(trace, capacity), capacity
+
+
+def test_replay_known_answers():
+    # Two tokens per line; capacity 2. w0: 1- 2- (in: 1, 2)   w1: 1+ 3- (touch 1; 3 evicts 2)
+    # w2: 2- 3+ -> lru 2 hits; lfu the same (2 has 1 pick against 1's 2).
+    trace = [rec(0, 0, [1], [2]), rec(1, 0, [1], [3]), rec(2, 0, [2], [3])]
+    assert simulate(trace, 2, "lru").hits == 2 and simulate(trace, 2, "lfu").hits == 2
+    # Two picks of one missing expert in one line are two misses; the next line hits both.
+    assert (simulate([rec(0, 0, [5], [5]), rec(1, 0, [5], [5])], 4, "lru").hits) == 2
+    # layer-lru gives each of 2 layers 1 slot: layer 1's expert survives layer 0's churn; global LRU
+    # evicts it (w1: 7 evicts 5; w2: 8 evicts 6, the least recent).
+    churn = [rec(0, 0, [5]), rec(0, 1, [6]), rec(1, 0, [7]), rec(2, 0, [8]), rec(3, 1, [6])]
+    assert simulate(churn, 2, "layer-lru").hits == 1
+    assert simulate(churn, 2, "lru").hits == 0
+    # frecency keeps a much-picked expert against a one-off (bypass): A A A A B A with one slot.
+    aab = seq([(0, 0)] * 4 + [(0, 1), (0, 0)])
+    assert simulate(aab, 1, "lru").hits == 3
+    assert simulate(aab, 1, "frecency").hits == 4
+    # least-stale, capacity 2, layers 0..2, one expert each. w0 layer 2: both residents missed no
+    # chance; layer 1's comes back last (two lines on), so it goes, where lru evicts layer 0's (the
+    # least recent). w1 layer 0 then hits under least-stale only; w1 layer 1 misses under both.
+    tri = [rec(0, 0, [1]), rec(0, 1, [1]), rec(0, 2, [1]), rec(1, 0, [1]), rec(1, 1, [1])]
+    assert simulate(tri, 2, "least-stale").hits == 1
+    assert simulate(tri, 2, "lru").hits == 0
+
+
+def test_bad_policy_name_lists_the_names():
+    from pyrunner import _native
+    with pytest.raises(ValueError, match="choose one of"):
+        simulate(ABACBA, 2, "fifo")
+    flat = cachesim.flatten(ABACBA)
+    with pytest.raises(_native.StrataError) as e:
+        cachesim.replay_c(flat, "fifo", 2, 1, 3)
+    assert "fifo" in str(e.value) and all(n in str(e.value) for n in cachesim.C_POLICIES)
+
+
+@pytest.mark.parametrize("policy", cachesim.ONLINE_POLICIES)
+def test_every_online_policy_passes_the_prefix_check(policy):
+    trace = random_trace(11, n_windows=90)
+    n_layer, n_expert = cachesim.trace_shape(trace)
+    for capacity in (5, 18, 40):
+        lengths = cachesim.check_online(trace, capacity, policy, n_layer, n_expert)
+        assert len(lengths) >= 5
+    # per-window hits add up to the total
+    wh = cachesim.window_hits(trace, 18, policy, n_layer, n_expert)
+    assert len(wh) == 90 and int(wh.sum()) == simulate(trace, 18, policy, n_layer=n_layer, n_expert=n_expert).hits
+
+
+def test_the_prefix_check_catches_a_look_ahead(monkeypatch):
+    # A fake policy whose first window's hits depend on how long the trace is: not online.
+    trace = random_trace(12, n_windows=40)
+    real = cachesim.replay_c
+
+    def peeking(flat, policy, capacity, n_layer, n_expert, per_window=False):
+        h, n, wh = real(flat, "lru", capacity, n_layer, n_expert, per_window=True)
+        wh = wh.copy()
+        wh[0] += flat.n_windows % 2
+        return (h, n, wh) if per_window else (h, n)
+
+    monkeypatch.setattr(cachesim, "replay_c", peeking)
+    with pytest.raises(AssertionError, match="not online"):
+        cachesim.check_online(trace, 10, "lru", 3, 24, prefixes=[7, 20])
+
+
+def test_belady_bounds_the_c_policies_on_multi_token_windows():
+    trace = random_trace(21, n_windows=120, max_tokens=4)
+    for capacity in (4, 18, 36, 54):
+        best = simulate(trace, capacity, "belady").hits
+        for p in cachesim.C_POLICIES:
+            assert simulate(trace, capacity, p).hits <= best, (p, capacity)
+
+
+def _load_generator():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_routing_trace", ROOT / "tools" / "make_routing_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_synthetic_trace_matches_the_published_lru_figures(tmp_path):
+    gen = _load_generator()
+    experts, weights = gen.generate(1000, seed=5)
+    assert experts.shape == (1000, 48, 1, 10) and experts.max() < 512
+    assert all(len(set(t)) == 10 for t in experts.reshape(-1, 10)[:500].tolist())
+    got = gen.lru_figures(experts)
+    for per_layer, want in gen.PUBLISHED_LRU.items():
+        assert abs(got[per_layer] - want) <= 0.02, (per_layer, got[per_layer], want)
+    # Deterministic from the seed; the file it writes is a trace read_trace reads, with the same figures.
+    again, _ = gen.generate(30, seed=5)
+    assert np.array_equal(again, gen.generate(30, seed=5)[0])
+    p = tmp_path / "synth.jsonl"
+    gen.write(p, again, _)
+    recs = cachesim.read_trace(p)
+    assert len(recs) == 30 * 48 and cachesim.trace_shape(recs)[0] == 48
+    flat = gen.flat(again)
+    assert cachesim.replay_c(flat, "lru", 48 * 93, 48, 512) == \
+        cachesim.replay_c(cachesim.flatten(recs), "lru", 48 * 93, 48, 512)
+    # MTP windows: 1 + K tokens each.
+    assert gen.generate(5, seed=1, mtp=2)[0].shape == (5, 48, 3, 10)
+
+
+def test_cli_compare_and_online_check(tmp_path):
+    trace = random_trace(4, n_windows=60)
+    p = tmp_path / "trace.jsonl"
+    with open(p, "w") as f:
+        for r in trace:
+            cachesim.write_trace_record(f, r.window, r.layer, r.tokens, r.weights)
+    runner = CliRunner()
+    out = runner.invoke(main, ["cache-sim", str(p), "--compare", "--capacities", "0.25,0.5", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    assert d["default"] == cachesim.C_POLICIES[0] and d["windows"] == 60
+    assert {(r["policy"], r["fraction"]) for r in d["rows"]} == {(q, f) for q in cachesim.POLICIES for f in (0.25, 0.5)}
+    for r in d["rows"]:
+        best = next(b for b in d["rows"] if b["policy"] == "belady" and b["fraction"] == r["fraction"])
+        assert r["hits"] <= best["hits"] and r["vs_belady"] == pytest.approx(r["hits"] / best["hits"])
+        assert r["hits"] == simulate(trace, r["capacity"], r["policy"]).hits
+        assert ("online_checked" in r) == (r["policy"] != "belady")
+    out = runner.invoke(main, ["cache-sim", str(p), "--compare"])
+    assert out.exit_code == 0 and "online check passed" in out.output and "least-stale" in out.output
+    out = runner.invoke(main, ["cache-sim", str(p), "--capacity", "10", "--policy", "lfru", "--check-online"])
+    assert out.exit_code == 0 and out.output.startswith("lfru: ") and "online check passed" in out.output
+    out = runner.invoke(main, ["cache-sim", str(p)])
+    assert out.exit_code != 0 and "--compare" in out.output
+
+
+def best_demand_fill(records, capacity):
+    """The most hits any policy can get with the demand-fill timing (exhaustive: after each line,
+    every way to keep or bypass each missing expert and every choice of victims)."""
+    from functools import lru_cache
+    from itertools import combinations
+
+    lines = [[(r.layer, int(e)) for t in r.tokens for e in t] for r in records]
+
+    @lru_cache(maxsize=None)
+    def go(i, cache):
+        if i == len(lines):
+            return 0
+        picks = lines[i]
+        hits = sum(k in cache for k in picks)
+        missing = sorted(set(k for k in picks if k not in cache))
+        best = 0
+        # the cache after the line: any subset of (cache | missing) of at most `capacity` keys (what
+        # inserts, evictions and bypasses can reach, and voluntary evictions, which never help)
+        pool = sorted(set(cache) | set(missing))
+        for n in range(0, min(capacity, len(pool)) + 1):
+            for keep in combinations(pool, n):
+                best = max(best, go(i + 1, frozenset(keep)))
+        return hits + best
+
+    return go(0, frozenset())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_belady_is_the_demand_fill_optimum_on_one_token_windows(seed):
+    rng = np.random.default_rng(seed)
+    trace = [rec(w, int(rng.integers(0, 2)), list(rng.choice(4, size=2, replace=False))) for w in range(9)]
+    for capacity in (1, 2, 3):
+        opt = best_demand_fill(trace, capacity)
+        assert simulate(trace, capacity, "belady").hits == opt, capacity
+        for p in cachesim.C_POLICIES:
+            assert simulate(trace, capacity, p).hits <= opt

@@ -808,6 +808,29 @@ int32_t strata_trace_thread_name(int32_t tid, char *buf, uint64_t size);
  * model without an expert cache. */
 strata_status strata_model_resident_experts(strata_model *m, int32_t *per_layer, int32_t n);
 
+/* ---------------------------------------------------------------- expert-tier replacement policies
+ * (issue 20 point 3). The policies of native/src/moe/policy.h, the code the engine's expert tiers
+ * run, exposed for `strata cache-sim` (pyrunner/cachesim.py) and tests. */
+/* The accepted policy names, comma-separated, the default first (a static string). */
+const char *strata_policy_names(void);
+/* The engine's default policy (the best measured online one). */
+const char *strata_policy_default(void);
+/* Replays a routing trace through `policy` with `capacity` slots shared by all layers, as a
+ * demand-filled tier. Line i (one MoE layer of one window) has window line_window[i], layer
+ * line_layer[i] and routed picks pick_off[i] .. pick_off[i+1]-1 (pick_off holds n_lines + 1
+ * offsets, the first 0): expert pick_expert[j], ranked pick_rank[j] in its token (0 = top; NULL:
+ * unknown). A line whose window differs from the previous line's begins a window. Per line: every
+ * pick is one lookup, a hit when its key was resident as the line began; then each distinct expert
+ * of the line is accessed (its picks and best rank) in order of first appearance; then each one
+ * that missed is inserted (resident, and so a hit, from the next line on). hits/lookups get the
+ * totals; window_hits, when not NULL, the hits of each window in order (n_windows entries at least).
+ * Fails with STRATA_ERR_INVALID_ARG (an unknown policy: the message lists the names; an id out of
+ * range; too few window counters) or STRATA_ERR_NOMEM; outputs are then unspecified. */
+strata_status strata_policy_replay(const char *policy, int32_t n_layer, int32_t n_expert, int32_t capacity,
+                                   int64_t n_lines, const int64_t *line_window, const int32_t *line_layer,
+                                   const int64_t *pick_off, const int32_t *pick_expert, const int32_t *pick_rank,
+                                   int64_t n_windows, uint64_t *window_hits, uint64_t *hits, uint64_t *lookups);
+
 /* STRATA_CDEF_END */
 
 #if defined(__GNUC__)

@@ -524,6 +524,9 @@ def _engine_options(f):
         click.option("--ram-gib", type=float, default=None,
                      help="RAM slots for directly read experts, GiB [default: the cgroup limit or MemAvailable minus "
                           "dense weights, state and a margin]."),
+        click.option("--expert-prefetch", type=click.IntRange(min=0), default=None,
+                     help="With direct reads: read ahead the experts the next layer's router ranks best, this many "
+                          "ranks per token; 0 = off [default: 2]."),
         click.option("--cache-policy", type=str, default=None,
                      help="Replacement policy of the RAM slots (`strata cache-sim --help` lists them) [default: the "
                           "best measured]."),
@@ -574,7 +577,8 @@ def _llama_cpp_only(why: str):
 
 
 _ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
-           "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "split")
+           "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "expert_prefetch",
+           "split")
 
 
 

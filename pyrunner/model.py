@@ -110,7 +110,7 @@ class Model:
                  model_path=None, ple_madv_random: bool | None = None, ple_prefetch: bool | None = None,
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
-                 expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool = True,
+                 expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool | int = True,
                  split: str = "seed", ple_cache_mib: float | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
@@ -143,8 +143,9 @@ class Model:
         dense weights, state and a margin); cache_policy: their replacement policy (None: the default;
         pyrunner.model.cache_policies() lists them); expert_io_depth: reads in flight (default 32);
         expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread";
-        expert_prefetch (default True): with direct reads, while layer l computes, read ahead the experts
-        layer l+1's router picks for layer l's MoE input. split: how the share of missing experts sent over
+        expert_prefetch (default True: the library's 2 ranks; an int: that many; False or 0: off): with direct
+        reads, while layer l computes, read ahead the experts layer l+1's router ranks best for each token of
+        layer l's MoE input. split: how the share of missing experts sent over
         the link is chosen on a device ("seed", the default: one share, from the probe and pyrunner.controller's
         three updates; "online": one share per MoE layer, updated every decode window from that layer's live
         CPU cost and the link's, strata.h strata_split).
@@ -257,7 +258,10 @@ class Model:
             p.expert_pack = self._pack_arg
         p.expert_io = EXPERT_IO[expert_io]
         p.expert_io_backend = EXPERT_IO_BACKENDS[expert_io_backend]
-        p.expert_prefetch = int(bool(expert_prefetch))
+        if expert_prefetch is not True:          # True: the library's default ranks; False / 0: off
+            if int(expert_prefetch) < 0:
+                raise ValueError(f"expert_prefetch must be a count of ranks >= 0 or a bool (got {expert_prefetch})")
+            p.expert_prefetch = int(expert_prefetch)
         p.split = SPLITS[split]
         self.split = split
         if ram_gib is not None:

@@ -399,9 +399,10 @@ typedef struct strata_model_params {
     int32_t expert_io_depth;   /* reads in flight; default 64 */
     int32_t expert_io_backend; /* 0 (default): io_uring, else pread threads; 1: io_uring only; 2: pread threads */
     uint64_t expert_io_test_short_read_at; /* test hook: the N-th read (1-based) comes back short; 0 = never */
-    int32_t expert_prefetch;   /* 1 (default): with direct reads, while layer l computes, read ahead the experts
-                                  layer l+1's router picks for layer l's MoE input (windows of <= 16 tokens);
-                                  0: off */
+    int32_t expert_prefetch;   /* with direct reads, while layer l computes, read ahead the experts layer l+1's
+                                  router ranks best for layer l's MoE input: this many ranks of every token of a
+                                  window of <= 16 tokens (at most n_expert_used); default 2 (on the bench preset
+                                  under a memory limit: more ranks read more than they save); 0: off */
     int32_t split;             /* strata_split: how pcie_frac is chosen; default STRATA_SPLIT_SEED */
     uint64_t ple_cache_bytes;  /* the PLE row cache (DESIGN §6): RAM for table rows kept by row id, budget /
                                   row_bytes entries (at most the table's rows) plus an index of 17-25 bytes

@@ -58,7 +58,7 @@ strata_model_params strata_model_default_params(void) {
     p.ple_test_stall_at = pp.test_stall_at;
     p.expert_io = STRATA_EXPERT_IO_AUTO;
     p.expert_io_depth = 64;
-    p.expert_prefetch = 1;
+    p.expert_prefetch = 2;
     p.split = STRATA_SPLIT_SEED;
     p.ple_cache_bytes = pp.cache_bytes;
     return p;

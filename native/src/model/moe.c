@@ -73,6 +73,42 @@ static void trace_routing(strata_model *m, int il, int64_t L, int64_t K, const i
     pthread_mutex_unlock(&m->trace_mu);
 }
 
+/* The K largest of v[0..n) by insertion (K is small): larger first, lower index on ties. */
+static void top_k(const float *v, int64_t n, int64_t K, int32_t *idx, float *val) {
+    int64_t c = 0;
+    for (int64_t e = 0; e < n; e++) {
+        const float p = v[e];
+        if (c == K && !(p > val[K - 1])) continue;
+        int64_t i = c < K ? c++ : K - 1;
+        while (i > 0 && p > val[i - 1]) { val[i] = val[i - 1]; idx[i] = idx[i - 1]; i--; }
+        val[i] = p;
+        idx[i] = (int32_t)e;
+    }
+}
+
+/* Expert store prefetch: the next layer's router applied to this layer's MoE input u (L rows), the `ranks`
+ * best of every token (at most K), best ranks of all tokens first, read ahead (xs_prefetch). `scores` holds
+ * L x Ne floats. */
+static void store_prefetch(strata_model *m, int il, const float *u, int64_t L, float *scores, int64_t ranks) {
+    const int64_t Ne = m->hp.n_expert, K = m->hp.n_expert_used;
+    if (ranks > K) ranks = K;
+    if (mdl_matmul(m, &m->layers[il + 1].router, 0, u, L, scores)) return;   /* advisory: no prefetch */
+    int32_t *pe = malloc((size_t)(L * K) * sizeof *pe), *pk = malloc((size_t)(L * K) * sizeof *pk);
+    float *pv = malloc((size_t)(L * K) * sizeof *pv);
+    uint8_t *seen = calloc((size_t)Ne, 1);
+    if (pe && pk && pv && seen) {
+        for (int64_t t = 0; t < L; t++) top_k(scores + t * Ne, Ne, K, pk + t * K, pv + t * K);
+        int32_t n = 0;
+        for (int64_t r = 0; r < ranks; r++)
+            for (int64_t t = 0; t < L; t++) {
+                const int32_t e = pk[t * K + r];
+                if (!seen[e]) { seen[e] = 1; pe[n++] = e; }
+            }
+        xs_prefetch(m->xs, il + 1, pe, n);
+    }
+    free(pe); free(pk); free(pv); free(seen);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -100,7 +136,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
     uint64_t cpu_groups = 0, cpu_bytes = 0;
-    int32_t *xidx = NULL;           /* expert store: [Ne] index of expert e in the acquired list, then scratch */
+    int32_t *xidx = NULL;           /* expert store: [Ne] index of expert e in the acquired list, then 2 x Ne scratch */
     const char **xptr = NULL;       /* expert store: where each acquired expert's pieces are */
     const char **xsrc = NULL;       /* expert store + device: [Ne * 3] the copied groups' sources (plan->src) */
     int xs_held = 0;                /* the store's lock is held (xs_acquire .. xs_release) */
@@ -118,18 +154,9 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         for (int64_t e = 0; e < Ne; e++) { lg[e] = expf(lg[e] - mx); sum += lg[e]; }
         const float inv = (float)(1.0 / sum);
         for (int64_t e = 0; e < Ne; e++) lg[e] *= inv;
-        /* top-k by insertion (k is small): higher p first, lower id on ties */
         int32_t *pk = pick + t * K;
         float *wk = pw + t * K;
-        int64_t n = 0;
-        for (int64_t e = 0; e < Ne; e++) {
-            const float p = lg[e];
-            if (n == K && !(p > wk[K - 1])) continue;
-            int64_t i = n < K ? n++ : K - 1;
-            while (i > 0 && p > wk[i - 1]) { wk[i] = wk[i - 1]; pk[i] = pk[i - 1]; i--; }
-            wk[i] = p;
-            pk[i] = (int32_t)e;
-        }
+        top_k(lg, Ne, K, pk, wk);
         float ws = 0.0f;
         for (int64_t i = 0; i < K; i++) ws += wk[i];
         for (int64_t i = 0; i < K; i++) wk[i] /= ws;
@@ -174,7 +201,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         for (int64_t e = 0; e < Ne; e++) xidx[e] = (int32_t)K;        /* best rank so far */
         for (int64_t i = 0; i < L * K; i++)
             if (i % K < xidx[pick[i]]) xidx[pick[i]] = (int32_t)(i % K);
-        /* xe: the experts, then their best ranks (reusing xidx's tail) */
+        /* xe / xpk: the experts the store serves (the CPU pool's, and the device's copies) and their picks */
         int32_t n_x = 0;
         for (int64_t e = 0; e < Ne; e++) {
             const int64_t n = count[e + 1] - count[e];
@@ -192,37 +219,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         free(xrk);
         if (rc) goto done;
         xs_held = 1;
-        /* read ahead what the next layer will route to: its router applied to this layer's MoE input
-         * (routing is done, so logits is free), best ranks of every token first */
-        if (m->params.expert_prefetch && il + 1 < hp->n_layer && L <= 16 &&
-            !mdl_matmul(m, &m->layers[il + 1].router, 0, u, L, logits)) {
-            int32_t *pe = malloc((size_t)(L * K) * sizeof *pe), *pk = malloc((size_t)(L * K) * sizeof *pk);
-            float *pv = malloc((size_t)(L * K) * sizeof *pv);
-            uint8_t *seen = calloc((size_t)Ne, 1);
-            int32_t n_p = 0;
-            if (pe && pk && pv && seen) {
-                for (int64_t t = 0; t < L; t++) {      /* top-K of each token, as the router will pick */
-                    const float *lg = logits + t * Ne;
-                    int32_t *tk = pk + t * K;
-                    float *tv = pv + t * K;
-                    int64_t c = 0;
-                    for (int64_t e = 0; e < Ne; e++) {
-                        if (c == K && !(lg[e] > tv[K - 1])) continue;
-                        int64_t i = c < K ? c++ : K - 1;
-                        while (i > 0 && lg[e] > tv[i - 1]) { tv[i] = tv[i - 1]; tk[i] = tk[i - 1]; i--; }
-                        tv[i] = lg[e];
-                        tk[i] = (int32_t)e;
-                    }
-                }
-                for (int64_t r = 0; r < K; r++)
-                    for (int64_t t = 0; t < L; t++) {
-                        const int32_t e = pk[t * K + r];
-                        if (!seen[e]) { seen[e] = 1; pe[n_p++] = e; }
-                    }
-                xs_prefetch(m->xs, il + 1, pe, n_p);
-            }
-            free(pe); free(pk); free(pv); free(seen);
-        }
+        /* read ahead what the next layer will route to (routing is done: logits is free) */
+        if (m->params.expert_prefetch && il + 1 < hp->n_layer && L <= 16) store_prefetch(m, il, u, L, logits, m->params.expert_prefetch);
         if (plan) {
             xsrc = calloc((size_t)Ne * 3, sizeof *xsrc);
             if (!xsrc) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }

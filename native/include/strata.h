@@ -412,10 +412,10 @@ typedef struct strata_model_params {
 
 /* The split of missing expert groups between the link and the CPU pool (DESIGN §4). SEED: one global
  * pcie_frac from the probe, set by the caller (pyrunner.controller's three updates). ONLINE: one share per
- * MoE layer, updated after every decode window of that layer from live costs: the CPU pool's seconds per
- * byte on that layer's missed groups (smoothed per layer), the link's seconds per byte (copies, smoothed
- * over all layers), share = cpu / (cpu + link), moved a quarter of the way each time and kept within
- * [0.02, 0.98] so both paths stay measured; strata_model_set_pcie_frac then sets every layer's share. */
+ * MoE layer, moved by what decode windows of that layer cost: windows alternate a little above and below the
+ * layer's share, and after 4 of each the faster side (by more than 3 % of the layer's expert-stage time)
+ * moves the share 0.05 its way; kept within [0.02, 0.98] (moe/offload.h off_split_state);
+ * strata_model_set_pcie_frac sets every layer's share. */
 typedef enum strata_split {
     STRATA_SPLIT_SEED = 0,
     STRATA_SPLIT_ONLINE = 1

@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,29 +77,39 @@ struct off_engine {
      * engine counts expert GROUPS here (a group merges a window's picks of one (layer, expert)). */
     uint64_t group_hits, group_lookups, pcie_groups, pcie_bytes, cpu_groups, cpu_bytes, skipped;
     double cpu_s;
-    /* the ONLINE split: per layer share and smoothed CPU seconds per byte, the link's seconds per byte,
-     * and the device counters at the start of the current layer line */
-    float *frac;
-    double *cpu_spb, link_spb;
-    uint64_t split_updates, line_copy_bytes;
-    double line_copy_s, line_dev_s;
+    /* the ONLINE split: every layer's share and its probes */
+    off_split_state *frac;
+    uint64_t split_updates;
 };
 
-enum { SPLIT_EMA_NUM = 1, SPLIT_EMA_DEN = 4 };   /* smoothing of the rates: a quarter of the new figure */
-static const float SPLIT_LO = 0.02f, SPLIT_HI = 0.98f, SPLIT_STEP = 0.25f;
+static const float SPLIT_LO = 0.02f, SPLIT_HI = 0.98f, SPLIT_DELTA = 0.05f, SPLIT_MOVE = 0.05f;
+static const double SPLIT_GAIN = 0.03;   /* one side must be this much faster to move the centre */
+enum { SPLIT_PAIRS = 4 };                /* windows on each side of the centre per decision */
 
-float off_split_step(float frac, double cpu_spb, double link_spb) {
-    if (!(cpu_spb > 0) || !(link_spb > 0)) return frac;
-    /* both paths finish together: (1 - f) * cpu_spb = f * link_spb */
-    const double target = cpu_spb / (cpu_spb + link_spb);
-    double f = frac + SPLIT_STEP * (target - frac);
-    if (f < SPLIT_LO) f = SPLIT_LO;
-    if (f > SPLIT_HI) f = SPLIT_HI;
-    return (float)f;
+static float clamp_share(double f) { return (float)(f < SPLIT_LO ? SPLIT_LO : f > SPLIT_HI ? SPLIT_HI : f); }
+
+float off_split_use(const off_split_state *s) {
+    return clamp_share(s->f + ((s->n_plus + s->n_minus) % 2 == 0 ? SPLIT_DELTA : -SPLIT_DELTA));
 }
 
-static double ema(double old, double x) {
-    return old > 0 ? old + (x - old) * SPLIT_EMA_NUM / SPLIT_EMA_DEN : x;
+int off_split_step(off_split_state *s, double t) {
+    if (!(t > 0)) return 0;
+    if ((s->n_plus + s->n_minus) % 2 == 0) { s->t_plus += t; s->n_plus++; }
+    else { s->t_minus += t; s->n_minus++; }
+    if (s->n_minus < SPLIT_PAIRS) return 0;
+    const double plus = s->t_plus / s->n_plus, minus = s->t_minus / s->n_minus;
+    const float old = s->f;
+    if (plus < minus * (1 - SPLIT_GAIN)) s->f = clamp_share(s->f + SPLIT_MOVE);
+    else if (minus < plus * (1 - SPLIT_GAIN)) s->f = clamp_share(s->f - SPLIT_MOVE);
+    s->t_plus = s->t_minus = 0;
+    s->n_plus = s->n_minus = 0;
+    return s->f != old;
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static size_t blob_bytes(const mdev_expert_shape *s) { return s->gate_bytes + s->up_bytes + s->down_bytes; }
@@ -274,12 +285,9 @@ strata_status off_create(const off_params *p, const off_layer_desc *layers, off_
     if (o->pcie_frac > 1.0f) o->pcie_frac = 1.0f;
     if (!o->dev) o->pcie_frac = 0.0f;
     if (o->dev && p->split == STRATA_SPLIT_ONLINE) {
-        o->frac = malloc((size_t)o->n_layer * sizeof *o->frac);
-        o->cpu_spb = calloc((size_t)o->n_layer, sizeof *o->cpu_spb);
-        if (!o->frac || !o->cpu_spb) { rc = strata_fail(STRATA_ERR_NOMEM, "offload: no memory"); goto fail; }
-        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i] = o->pcie_frac;
-        /* the link's cost until copies are seen: the probe */
-        if (o->probe_gbps > 0) o->link_spb = 1.0 / (o->probe_gbps * 1e9);
+        o->frac = calloc((size_t)o->n_layer, sizeof *o->frac);
+        if (!o->frac) { rc = strata_fail(STRATA_ERR_NOMEM, "offload: no memory"); goto fail; }
+        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i].f = o->pcie_frac;
     }
     snprintf(o->log, sizeof o->log,
              "device %s: %d cache slots of %.2f MiB (%.1f%% of routed expert bytes), %d staging slots, "
@@ -301,7 +309,6 @@ void off_free(off_engine *o) {
     if (!o) return;
     mdev_free(o->dev);
     free(o->frac);
-    free(o->cpu_spb);
     if (o->ec) ec_free(o->ec);
     free(o->layer);
     free(o->pending);
@@ -356,7 +363,6 @@ off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, cons
         if ((int32_t)(i % K) < min_rank[pick[i]]) min_rank[pick[i]] = (int32_t)(i % K);
     publish_loads(o);
     if (il == 0) o->windows++;
-    if (o->frac && o->dev) mdev_counters(o->dev, &o->line_copy_bytes, &o->line_copy_s, &o->line_dev_s);
     o->n_pinned = 0;
     o->n_borrowed = 0;
     int64_t n_missing = 0;
@@ -419,7 +425,7 @@ off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, cons
             continue;
         }
         /* decode: spread the pcie_frac share evenly, group i goes when floor((i+1)f) > floor(i f) */
-        const double f = o->frac ? o->frac[il] : o->pcie_frac;
+        const double f = o->frac ? off_split_use(&o->frac[il]) : o->pcie_frac;
         const int go = stream || floor((double)(i_missing + 1) * f) > floor((double)i_missing * f);
         if (n_ring > 0 && go) {
             kind[e] = OFF_STAGE;
@@ -496,10 +502,13 @@ strata_status off_finish(off_plan *pl, double cpu_s, uint64_t cpu_groups, uint64
     const int il = pl->il;
     const uint64_t seq = pl->seq;
     strata_status rc = STRATA_OK;
+    double wait_s = 0;                        /* how long the merge waited for the device (the ONLINE split) */
     if (o->dev && seq) {
         const uint64_t t0 = trc_on() ? trc_now() : 0;
         wd_wait_begin("waiting for the device's copies and computations (merge)");
+        const double w0 = o->frac ? wall_s() : 0;
         const int gave_up = mdev_wait_compute(o->dev, seq);
+        if (o->frac) wait_s = wall_s() - w0;
         if (trc_on()) trc_emit(TRC_MERGE_WAIT, t0, trc_now(), il, 0, 0, (int64_t)seq);
         if (gave_up) {
             /* the watchdog: drop the queued work (it reads this layer's buffers), publish the loads
@@ -521,17 +530,10 @@ strata_status off_finish(off_plan *pl, double cpu_s, uint64_t cpu_groups, uint64
     o->cpu_s += cpu_s;
     o->cpu_groups += cpu_groups;
     o->cpu_bytes += cpu_bytes;
-    if (o->frac && o->dev && pl->L < o->stream_min) {
-        /* the ONLINE split, after a decode window of this layer: its CPU cost, the link's, a new share */
-        uint64_t b;
-        double cs, ds;
-        mdev_counters(o->dev, &b, &cs, &ds);
-        if (b > o->line_copy_bytes && cs > o->line_copy_s)
-            o->link_spb = ema(o->link_spb, (cs - o->line_copy_s) / (double)(b - o->line_copy_bytes));
-        if (cpu_bytes && cpu_s > 0) o->cpu_spb[il] = ema(o->cpu_spb[il], cpu_s / (double)cpu_bytes);
-        const float f = off_split_step(o->frac[il], o->cpu_spb[il], o->link_spb);
-        if (f != o->frac[il]) o->split_updates++;
-        o->frac[il] = f;
+    if (o->frac && o->dev && pl->L < o->stream_min && cpu_groups) {
+        /* the ONLINE split, after a decode window of this layer that gave the CPU pool work: the time of its
+         * expert stage (the CPU pool's share, then the wait for the device's) at the share it used */
+        o->split_updates += (uint64_t)off_split_step(&o->frac[il], cpu_s + wait_s);
     }
     if (o->ec && !o->p.no_swaps && il == o->n_layer - 1 && o->windows % (uint64_t)o->adjust_interval == 0) {
         ec_swap *sw = o->swaps;
@@ -594,9 +596,10 @@ void off_get_stats(off_engine *o, strata_offload_stats *out) {
     if (o->frac) {
         double sum = 0;
         for (int32_t i = 0; i < o->n_layer; i++) {
-            sum += o->frac[i];
-            if (o->frac[i] < out->pcie_frac_min) out->pcie_frac_min = o->frac[i];
-            if (o->frac[i] > out->pcie_frac_max) out->pcie_frac_max = o->frac[i];
+            const float f = o->frac[i].f;
+            sum += f;
+            if (f < out->pcie_frac_min) out->pcie_frac_min = f;
+            if (f > out->pcie_frac_max) out->pcie_frac_max = f;
         }
         out->pcie_frac = (float)(sum / o->n_layer);
     }
@@ -631,7 +634,7 @@ void off_set_pcie_frac(off_engine *o, float pcie_frac) {
     pthread_mutex_lock(&o->mu);
     o->pcie_frac = o->dev ? pcie_frac : 0.0f;
     if (o->frac)
-        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i] = o->pcie_frac;
+        for (int32_t i = 0; i < o->n_layer; i++) o->frac[i] = (off_split_state){.f = o->pcie_frac};
     pthread_mutex_unlock(&o->mu);
 }
 

@@ -114,10 +114,20 @@ void off_get_stats(off_engine *o, strata_offload_stats *out);
 /* From now on (clamped: 0 without a device); with the ONLINE split every layer's share starts from it. */
 void off_set_pcie_frac(off_engine *o, float pcie_frac);
 
-/* The ONLINE split's rule (strata.h strata_split), one layer's update from one window's measurements:
- * cpu_spb (this layer's smoothed CPU seconds per byte) and link_spb (the link's, all layers) -> the new
- * share from the old one. Pure, for tests. */
-float off_split_step(float frac, double cpu_spb, double link_spb);
+/* The ONLINE split (strata.h strata_split) of one layer: a centre share f and a probe around it. Windows
+ * alternate between f + 0.05 and f - 0.05; after 4 of each, the side whose mean time was lower by more than
+ * 3 % moves the centre 0.05 its way (else it stays). Held to [0.02, 0.98]. The time is the layer's expert
+ * stage as measured (the CPU pool's share, then the merge's wait for the device's), so the split follows
+ * whatever makes a path cost what it does: the layer's expert type, the link, a device sharing the cores. */
+typedef struct off_split_state {
+    float f;
+    int32_t n_plus, n_minus;
+    double t_plus, t_minus;
+} off_split_state;
+/* The share the layer's next window uses. */
+float off_split_use(const off_split_state *s);
+/* That window took t seconds; returns 1 when the centre moved. Pure, for tests. */
+int off_split_step(off_split_state *s, double t);
 /* One line on how the engine was set up; valid until off_free. */
 const char *off_log(const off_engine *o);
 /* READY cache slots per layer (per_layer[0..n) zeroed first). */

@@ -233,6 +233,26 @@ def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
     assert c.stats["pcie_frac"] == pytest.approx(0.3)
 
 
+def test_split_online_moves_per_layer_shares_and_keeps_the_tokens(tiny, reference):
+    """--split online (strata.h strata_split): every layer's share moves on its own from what its windows
+    cost, the Python controller stands aside, and the tokens are the cpu's whatever shares it picks."""
+    prompt, want, _ = reference
+    m = Model(tiny, threads=2, n_ctx=256, kv_type="f32", device="sim", cache_gib=0.0, tail_skip=0, split="online")
+    assert m.controller is None and "split online" in m.offload_log
+    toks, _ = _greedy(m, prompt)
+    assert toks == want
+    st = m.offload_stats()
+    # whether a share moved depends on timings (the rule itself: tests/native/test_split.c); it stays bounded
+    assert st["split"] == "online" and st["split_updates"] >= 0
+    eps = 1e-6                                  # float32 shares, their mean in double
+    assert 0.02 - eps <= st["pcie_frac_min"] <= st["pcie_frac"] + eps <= st["pcie_frac_max"] + 2 * eps <= 0.98 + 3 * eps
+    m.set_pcie_frac(0.4)                       # sets every layer's share
+    st = m.offload_stats()
+    assert st["pcie_frac_min"] == pytest.approx(0.4) and st["pcie_frac_max"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="split 'fast'"):
+        Model(tiny, device="sim", split="fast")
+
+
 def test_session_stats_carry_the_offload_counters(tiny):
     m = Model(tiny, threads=1, n_ctx=64, device="sim", cache_gib=0.0002, pcie_frac=0.5, tail_skip=0)
     s = m.session()

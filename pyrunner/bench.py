@@ -289,11 +289,12 @@ TOKENIZE_PROBE = "Hello, world! It's 2026; 自然语言处理 — こんにち�
 
 
 def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threads: int, kv_type: str,
-                n_ctx: int, repack: bool | None = None, expert_io: str = "auto", ram_gib: float | None = None) -> tuple:
+                n_ctx: int, repack: bool | None = None, expert_io: str = "auto", ram_gib: float | None = None,
+                io_figures: bool = False) -> tuple:
     """Load, the first tokenize (of TOKENIZE_PROBE), prefill, decode; returns (rates + tokenize_first_s, prompt
-    ids, generated ids). The prompt is sized by the model's n_vocab. The rates also hold how experts were read
-    (store_log) and, per decode token, the bytes read from storage (/proc/self/io) and, with direct reads, the
-    bytes of experts missed in RAM and the RAM hit rate."""
+    ids, generated ids). The prompt is sized by the model's n_vocab. With io_figures the rates also hold how
+    experts were read (store_log) and, per decode token, the bytes read from storage (/proc/self/io) and, with
+    direct reads, the bytes of experts missed in RAM, the RAM hit rate and the prefetch's figures."""
     from ._native import StrataError
     from .generate import _proc_read_bytes
     from .model import Model
@@ -324,7 +325,10 @@ def _strata_run(path: str, prompt_tokens: int, seed: int, gen_tokens: int, threa
         decode_s = time.perf_counter() - t0
         st1, io1 = model.store_stats(), _proc_read_bytes()
         rates = {**_rates(load_s, prefill_s, decode_s, len(ids), gen_tokens), "tokenize_first_s": tokenize_first_s,
-                 "repack_bytes": model.repack_bytes, "store_log": model.store_log}
+                 "repack_bytes": model.repack_bytes}
+        if not io_figures:
+            return rates, ids, out
+        rates["store_log"] = model.store_log
         n = max(gen_tokens, 1)
         rates["storage_read_bytes_per_token"] = (io1 - io0) / n
         if st1["active"]:
@@ -409,7 +413,7 @@ def bench_model(path: str, threads: int = 2, prompt_tokens: int = 512, gen_token
                 "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed, "strata_isa": isa_best()}
     log(f"strata: {prompt_tokens}-token prefill, {gen_tokens} decode steps, {threads} threads, kv {kv_type}")
     strata, ids, strata_tokens = _strata_run(path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, repack,
-                                             expert_io, ram_gib)
+                                             expert_io, ram_gib, expert_io != "auto" or ram_gib is not None)
     res = {"settings": settings, "strata": strata}
     if vs_llama_cpp:
         from .llama_child import LlamaChildError, LlamaCrash, LlamaTimeout, call
@@ -512,14 +516,15 @@ def bench_model_limited(path: str, mem_limit_gib: float, threads: int = 2, promp
             runs[name] = {"error": str(e).replace("llama.cpp", "the engine") if name.startswith("strata") else str(e)}
             return None
 
-    r = one("strata", _strata_run, (path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, None, "mmap"), False)
+    r = one("strata", _strata_run, (path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, None, "mmap", None,
+                                    True), False)
     if r:
         runs["strata"], ids, _ = r
     for name, io in (("strata_limited", expert_io), ("strata_mmap_limited", "mmap")):
         if name == "strata_mmap_limited" and expert_io == "mmap":
             continue
         r = one(name, _strata_run, (path, prompt_tokens, seed, gen_tokens, threads, kv_type, n_ctx, None, io,
-                                    ram_gib if io != "mmap" else None), True)
+                                    ram_gib if io != "mmap" else None, True), True)
         if r:
             runs[name] = r[0]
             ids = ids or r[1]

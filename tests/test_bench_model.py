@@ -167,3 +167,16 @@ def test_break_even_interpolates():
     assert bench._break_even([(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)]) == pytest.approx(0.625)
     assert bench._break_even([(0.0, 1.1), (1.0, 2.0)]) == 0.0
     assert bench._break_even([(0.0, 0.2), (1.0, 0.9)]) is None
+
+
+def test_split_compare_reports_both_splits_side_by_side():
+    """strata bench model --split-compare: rounds of (seed, online) on sim with the same tokens; what it reports."""
+    from pyrunner import bench
+
+    flash = str(Path(__file__).resolve().parent.parent / "models" / "flash-small" / "flash-small-q8_0.gguf")
+    res = bench.bench_split(flash, cache_gib=0.004, prompt_tokens=8, gen_tokens=8, rounds=1, log=lambda s: None)
+    assert [r["split"] for r in res["runs"]] == ["seed", "online"]
+    assert res["same_tokens"] and all(r["tokens"] == 8 and r["decode_tps"] > 0 for r in res["runs"])
+    assert len(res["ratio_per_round"]) == 1 and res["ratio_per_round"][0] > 0
+    assert "online / seed per round" in bench.format_split_table(res)
+

@@ -161,3 +161,21 @@ def test_prefetch_never_changes_results_and_is_counted(reference):
     assert 0.0 < stats["prefetch_recall"] <= 1.0
     # experts read ahead and then used are RAM hits of the next layer: fewer demand misses than without
     assert on["ram_miss_bytes"] < off["ram_miss_bytes"]
+
+
+@pytest.mark.skipif(_cgroup_v1() is None, reason="needs a writable cgroup v1 memory controller (root)")
+def test_bench_model_under_a_memory_limit_reports_every_run():
+    """strata bench model --mem-limit-gib: each run in its own child in its own cgroup; what it reports."""
+    from pyrunner import bench
+
+    res = bench.bench_model_limited(MODEL, 0.55, prompt_tokens=8, gen_tokens=4, log=lambda s: None)
+    runs = res["runs"]
+    assert set(runs) == {"strata", "strata_limited", "strata_mmap_limited"}
+    assert all(r["decode_tps"] > 0 for r in runs.values())
+    lim = runs["strata_limited"]
+    assert "experts: direct" in lim["store_log"] and "memory.limit_in_bytes" in lim["store_log"]
+    assert lim["ram_miss_bytes_per_token"] >= 0 and 0 <= lim["ram_hit_rate"] <= 1
+    assert runs["strata"]["store_log"].startswith("experts: mmap")
+    assert res["ratios"]["limited_over_strata"] > 0
+    assert "limited_over_llama_limited" not in res["ratios"]       # llama.cpp was not asked for
+    assert "memory limit 0.55 GiB per engine" in bench.format_limited_table(res)

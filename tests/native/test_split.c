@@ -65,6 +65,6 @@ int main(void) {
     off_split_state z = {.f = 0.4f};
     CHECK(off_split_step(&z, 0.0) == 0 && z.f == 0.4f && z.n_plus == 0);
     (void)best;
-    if (!g_failed) printf("test_split: ok\n");
+    if (!g_failed) printf("test_split: all checks passed\n");
     return g_failed != 0;
 }

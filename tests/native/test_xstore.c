@@ -159,6 +159,6 @@ int main(void) {
         xs_free(x);
     }
     unlink(g_path);
-    if (!g_failed) printf("test_xstore: ok\n");
+    if (!g_failed) printf("test_xstore: all checks passed\n");
     return g_failed != 0;
 }

@@ -237,6 +237,28 @@ static strata_status check_file(const xs_store *x) {
     return STRATA_OK;
 }
 
+/* Queues the aligned reads of every piece of `expert` (layer L) into slot s: requests req[n..], each tagged
+ * with `tag` in item[] and the bytes its piece needs of it in need[]. Counts the reads' bytes; *piece_bytes
+ * gets the pieces' own. Returns the new request count. */
+static int32_t queue_expert(xs_store *x, const xs_layer *L, int32_t expert, int32_t s, aio_req *req, int32_t *item,
+                            uint64_t *need, int32_t n, int32_t tag, uint64_t *piece_bytes) {
+    char *base = slot_base(x, s);
+    for (int32_t q = 0; q < L->n_part; q++) {
+        const uint64_t off = L->off[q] + (uint64_t)expert * L->stride[q];
+        const uint64_t a0 = off / XS_ALIGN * XS_ALIGN, a1 = round_up(off + L->bytes[q], XS_ALIGN);
+        uint64_t len = a1 - a0;
+        /* the last block of the file may be short: ask only for what is there */
+        if (a0 + len > (uint64_t)x->st0.st_size && !x->direct) len = (uint64_t)x->st0.st_size - a0;
+        req[n] = (aio_req){.fd = x->fd, .off = a0, .len = (size_t)len, .buf = base + x->part_off[q]};
+        item[n] = tag;
+        need[n] = off + L->bytes[q] - a0;
+        n++;
+        *piece_bytes += L->bytes[q];
+        x->st.read_bytes += len;
+    }
+    return n;
+}
+
 /* Waits for the prefetch batch, makes its slots valid (or not, for a failed read) and unpins them; counts
  * what the line about to be served (layer il, experts[0..n)) does not read as unused, and the recall of the
  * last prediction when it was for this layer. */
@@ -293,19 +315,7 @@ void xs_prefetch(xs_store *x, int32_t il, const int32_t *experts, int32_t n) {
         xpol_pin(x->pol, s);
         x->valid[s] = 0;
         if (evl >= 0) x->st.evictions++;
-        char *base = slot_base(x, s);
-        for (int32_t q = 0; q < L->n_part; q++) {
-            const uint64_t off = L->off[q] + (uint64_t)experts[i] * L->stride[q];
-            const uint64_t a0 = off / XS_ALIGN * XS_ALIGN, a1 = round_up(off + L->bytes[q], XS_ALIGN);
-            uint64_t len = a1 - a0;
-            if (a0 + len > (uint64_t)x->st0.st_size && !x->direct) len = (uint64_t)x->st0.st_size - a0;
-            x->pf_req[n_req] = (aio_req){.fd = x->fd, .off = a0, .len = (size_t)len, .buf = base + x->part_off[q]};
-            x->pf_item[n_req] = n_pf;
-            x->pf_need[n_req] = off + L->bytes[q] - a0;
-            n_req++;
-            x->st.prefetch_bytes += L->bytes[q];
-            x->st.read_bytes += len;
-        }
+        n_req = queue_expert(x, L, experts[i], s, x->pf_req, x->pf_item, x->pf_need, n_req, n_pf, &x->st.prefetch_bytes);
         x->pf_expert[n_pf] = experts[i];
         x->pf_slot[n_pf] = s;
         n_pf++;
@@ -358,20 +368,7 @@ strata_status xs_acquire(xs_store *x, int32_t il, const int32_t *experts, const 
             }
             x->line_slot[i] = s;
         }
-        char *base = slot_base(x, s);
-        for (int32_t q = 0; q < L->n_part; q++) {
-            const uint64_t off = L->off[q] + (uint64_t)experts[i] * L->stride[q];
-            const uint64_t a0 = off / XS_ALIGN * XS_ALIGN, a1 = round_up(off + L->bytes[q], XS_ALIGN);
-            uint64_t len = a1 - a0;
-            /* the last block of the file may be short: ask only for what is there */
-            if (a0 + len > (uint64_t)x->st0.st_size && !x->direct) len = (uint64_t)x->st0.st_size - a0;
-            x->req[n_req] = (aio_req){.fd = x->fd, .off = a0, .len = (size_t)len, .buf = base + x->part_off[q]};
-            x->req_item[n_req] = i;
-            x->req_need[n_req] = off + L->bytes[q] - a0;
-            n_req++;
-            x->st.miss_bytes += L->bytes[q];
-            x->st.read_bytes += len;
-        }
+        n_req = queue_expert(x, L, experts[i], s, x->req, x->req_item, x->req_need, n_req, i, &x->st.miss_bytes);
     }
     strata_status rc = STRATA_OK;
     if (n_req) {

@@ -120,6 +120,28 @@ static void uring_push(aio_ctx *a, aio_req *r, int i) {
     __atomic_store_n(a->sq_tail, tail + 1, __ATOMIC_RELEASE);
 }
 
+/* Reaps the completions there are: each one's bytes (or -errno) into its request; a split read is queued
+ * again for the rest (entries counted into *inflight and *pushed, to be submitted). */
+static void uring_reap(aio_ctx *a, aio_req *reqs, int *inflight, int *pushed) {
+    unsigned head = *a->cq_head;
+    const unsigned tail = __atomic_load_n(a->cq_tail, __ATOMIC_ACQUIRE);
+    while (head != tail) {
+        const struct io_uring_cqe *c = &a->cqes[head & *a->cq_mask];
+        aio_req *r = &reqs[c->user_data];
+        const int32_t res = c->res;
+        head++;
+        (*inflight)--;
+        if (res < 0) { r->res = res; continue; }
+        r->res += res;
+        if (res > 0 && (size_t)r->res < r->len) {   /* a split read: the rest (a slot was just freed) */
+            uring_push(a, r, (int)c->user_data);
+            (*inflight)++;
+            (*pushed)++;
+        }
+    }
+    __atomic_store_n(a->cq_head, head, __ATOMIC_RELEASE);
+}
+
 /* Returns 0, or -errno when the ring failed (the caller then reads the batch again with pread). */
 static int uring_run(aio_ctx *a, aio_req *reqs, int n) {
     int next = 0, inflight = 0, to_submit = 0;
@@ -136,22 +158,7 @@ static int uring_run(aio_ctx *a, aio_req *reqs, int n) {
         }
         to_submit -= (int)rc;
         if (to_submit < 0) to_submit = 0;
-        unsigned head = *a->cq_head;
-        const unsigned tail = __atomic_load_n(a->cq_tail, __ATOMIC_ACQUIRE);
-        while (head != tail) {
-            const struct io_uring_cqe *c = &a->cqes[head & *a->cq_mask];
-            aio_req *r = &reqs[c->user_data];
-            const int32_t res = c->res;
-            head++;
-            inflight--;
-            if (res < 0) { r->res = res; continue; }
-            r->res += res;
-            if (res > 0 && (size_t)r->res < r->len) {   /* a split read: the rest (a slot was just freed) */
-                uring_push(a, r, (int)c->user_data);
-                inflight++; to_submit++;
-            }
-        }
-        __atomic_store_n(a->cq_head, head, __ATOMIC_RELEASE);
+        uring_reap(a, reqs, &inflight, &to_submit);
     }
     return 0;
 }
@@ -332,20 +339,8 @@ void aio_finish(aio_ctx *a) {
             for (int i = 0; i < n; i++) pread_one(&reqs[i]);
             return;
         }
-        unsigned head = *a->cq_head;
-        const unsigned tail = __atomic_load_n(a->cq_tail, __ATOMIC_ACQUIRE);
         int pushed = 0;
-        while (head != tail) {
-            const struct io_uring_cqe *c = &a->cqes[head & *a->cq_mask];
-            aio_req *r = &reqs[c->user_data];
-            const int32_t res = c->res;
-            head++;
-            inflight--;
-            if (res < 0) { r->res = res; continue; }
-            r->res += res;
-            if (res > 0 && (size_t)r->res < r->len) { uring_push(a, r, (int)c->user_data); inflight++; pushed++; }
-        }
-        __atomic_store_n(a->cq_head, head, __ATOMIC_RELEASE);
+        uring_reap(a, reqs, &inflight, &pushed);
         while (pushed > 0) {
             const long k = syscall(__NR_io_uring_enter, a->ring_fd, (unsigned)pushed, 0u, 0u, NULL, 0);
             if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EBUSY)) continue;

@@ -22,6 +22,8 @@ the sampling rule stays exact).
 from __future__ import annotations
 
 import collections
+import math
+import statistics
 import time
 from typing import Callable, Sequence
 
@@ -246,35 +248,73 @@ class MTPDecoder:
         return out
 
 
+def _line(known: list, k: int) -> float:
+    """A window's cost at k drafts from the (k, cost) measured, k ascending: between its nearest measured
+    neighbours on the line through them, beyond them on the line through the last two (so an unmeasured
+    k never looks cheaper than a measured smaller one); y (1 + k / 4) / (1 + j / 4) from one point."""
+    if len(known) == 1:
+        j, y = known[0]
+        return y * (1.0 + k / 4.0) / (1.0 + j / 4.0)
+    lo = [p for p in known if p[0] < k]
+    hi = [p for p in known if p[0] > k]
+    (j0, y0), (j1, y1) = (lo[-1], hi[0]) if lo and hi else (known[-2], known[-1]) if lo else (known[0], known[1])
+    return y0 + (y1 - y0) * (k - j0) / (j1 - j0)
+
+
 class DraftPolicy:
     """--mtp auto: the drafts per window k in 0..k_max that maximise the expected tokens per second,
     from what this request measures as it decodes:
 
       - acceptance by draft position: a_j / n_j, the share of windows that reached draft j and took it
         (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
-        the last ~20 of them; a window whose accepted drafts are SURPRISE or more from what the estimate
-        expects (a probe's, or two windows' in a row on the same side) keeps only FORGET of the old
-        evidence and is followed by another probe at once, so a change of the text is followed within a
-        few windows, even while the current k drafts little or nothing);
-      - the time of a window by its k (the median of its last TIMES windows, so one slow window does not
-        move it; k = 0 is a plain step), its drafting, verify, rollback and extend all included (so on the
-        offload paths, the missed experts its extra tokens touch); a k not measured yet is estimated on a
-        line through the measured ones (t_0 (1 + k / 4) when there is one);
+        the last ~20 of them; a surprise (below) keeps only FORGET of the old evidence and is followed by
+        another probe at once, so a change of the text is followed within a few windows, even while the
+        current k drafts little or nothing);
+      - the time of a window by its k, its drafting, verify, rollback and extend all included (so on the
+        offload paths, the missed experts its extra tokens touch): the current k's is the median of its
+        last TIMES windows (one slow window does not move it; k = 0 is a plain step), and every other k's
+        is its measured ratio to that one (cost()): each probe is timed against the current k's median of
+        the moment, so the comparison holds while the host's speed drifts; a k not measured yet is
+        estimated on a line through the measured ratios (1 + k / 4 when only k = 0 is);
       - expected tokens of a window: 1 + sum over j <= k of the product of the first j acceptances.
 
-    The current k changes only for a rate HYSTERESIS times better (no flapping between near ties);
-    every EXPLORE windows (EXPLORE_FAR while every other k looks worse than FAR of the current one) one
-    window probes another k (k_max, which measures every position's acceptance, and the least recently
-    measured in turn). The first window is plain (t_0), the second a probe at k_max."""
+    The current k changes only for a rate HYSTERESIS times better (no flapping between near ties). One
+    window in so many probes another k (k_max, which measures every position's acceptance, and the least
+    recently measured in turn); the first window is plain (t_0), the second a probe at k_max. How many
+    windows lie between probes:
+
+      - EXPLORE_MAX while no other k could beat the current one even with every draft taken (its window's
+        k + 1 tokens short of HYSTERESIS times the current rate; k = 0 always could): such probes only
+        refresh a cost;
+      - while the text moves (within CALM windows of a surprise or a change of k, and the request's first
+        CALM_START): EXPLORE, or EXPLORE_FAR while every other k looks worse than FAR of the current one;
+      - once it is calm, the exploration budget: a probe's expected loss (its time less the time its
+        expected tokens take at the current rate) is at most BUDGET of the windows' time between probes;
+        at least EXPLORE_FAR or EXPLORE, as above, and at most EXPLORE_MAX (a change of costs is still
+        found within that many windows).
+
+    A window is a surprise when its accepted drafts are SURPRISE or more from what the estimate expects: a
+    probe's at once, the current k's when its window before (probes in between are not its) lay out on
+    the same side too, and then, while the run lasts, at SURPRISE_RUN (each surprise leaves FORGET of the
+    old evidence, which may still hold the estimate within SURPRISE of the new text). A probe's surprise
+    makes the text count as moving only if lying that far out (or farther) has at most P_SURPRISE chance
+    under the estimate (every draft of a k = 3 probe taken at acceptance ~0.6, one probe in five, does
+    not)."""
 
     DECAY = 0.95
     SURPRISE = 1.5
+    SURPRISE_RUN = 1.15
+    P_SURPRISE = 0.1
     FORGET = 0.3
     HYSTERESIS = 1.03
     EXPLORE = 16
     TIMES = 9
     EXPLORE_FAR = 48
     FAR = 0.8
+    CALM = 256
+    CALM_START = 128
+    BUDGET = 0.01
+    EXPLORE_MAX = 256
 
     def __init__(self, k_max: int = MTP_MAX_DEFAULT):
         if k_max < 1:
@@ -284,16 +324,21 @@ class DraftPolicy:
         self.a = np.zeros(self.k_max + 1)       # [j]: of them, windows that took it
         self.t: list = [None] * (self.k_max + 1)     # [k]: the median of its last TIMES windows
         self._times = [collections.deque(maxlen=self.TIMES) for _ in range(self.k_max + 1)]
+        self._ratio = [collections.deque(maxlen=self.TIMES) for _ in range(self.k_max + 1)]
+        self._ratio_med: list = [None] * (self.k_max + 1)    # ratio(): the median of each deque
         self.seen = [-1] * (self.k_max + 1)     # window index each k was last measured at
         self.cur = 0
         self.windows = 0
         self._probe_again = False
         self._probes_in_row = 0
         self._last_side = 0
+        self._run = False                       # the current k's last window was a surprise
         self._last_probe = 0
         self._n_probes = 0
         self._rates = None
+        self._gap = self.EXPLORE                # _interval(), refreshed with the rates
         self._stale = 0
+        self._moved = self.CALM_START - self.CALM  # window of the last surprise or change of k
         self.k_sum = 0
         self.k_count = [0] * (self.k_max + 1)
         self.history: list = []                 # (window, k) whenever the current k changes
@@ -303,13 +348,64 @@ class DraftPolicy:
         takes about a millisecond: the policy's own arithmetic should not be a share of it)."""
         if self._rates is None or self._stale >= 8:
             self._rates, self._stale = self.rates(), 0
+            self._gap = self._interval(self._rates)
         return self._rates
 
+    def _probe_gap(self) -> int:
+        """_interval() of the cached rates (both refreshed together)."""
+        self._cached_rates()
+        return self._gap
+
     def _interval(self, rates: list) -> int:
-        """Windows between probes: EXPLORE, or EXPLORE_FAR while every other k is estimated at less than
-        FAR of the current one's rate (probing then costs more than it is likely to find)."""
+        """Windows between probes (the class docstring): EXPLORE or EXPLORE_FAR while the text moves; once
+        calm, as many as keep the next probe's expected loss within BUDGET of their time."""
+        if self.windows > 1 and not self._hopeful(rates):
+            return self.EXPLORE_MAX
         others = max((r for j, r in enumerate(rates) if j != self.cur), default=0.0)
-        return self.EXPLORE_FAR if rates[self.cur] > 0 and others < self.FAR * rates[self.cur] else self.EXPLORE
+        far = rates[self.cur] > 0 and others < self.FAR * rates[self.cur]
+        base = self.EXPLORE_FAR if far else self.EXPLORE
+        if self.windows - self._moved < self.CALM or rates[self.cur] <= 0:
+            return base
+        k = self._next_probe()
+        c, c_cur = self.cost(k), self.cost(self.cur)
+        loss = c - self.expected_tokens(k) / rates[self.cur]
+        if loss <= 0 or not c_cur:
+            return base
+        return int(min(max(base, math.ceil(loss / (self.BUDGET * c_cur))), self.EXPLORE_MAX))
+
+    def _hopeful(self, rates: list) -> list:
+        """The other k that could beat the current one: those whose window (as timed, or estimated from
+        the k that were), every draft taken, would yield tokens HYSTERESIS times faster than the current
+        rate (enough to be switched to), and k = 0 (a plain step needs no acceptance, and one slow plain
+        window, e.g. the first after a prefill, must not rule it out). On flash-small a window of k drafts
+        costs ~1 + k plain steps, mostly LM heads, so no k > 0 can beat a plain step: probing them for
+        acceptance would only cost."""
+        out = []
+        for j in range(self.k_max + 1):
+            c = self.cost(j)
+            if j != self.cur and (j == 0 or c is None or (j + 1) / c > self.HYSTERESIS * rates[self.cur]):
+                out.append(j)
+        return out
+
+    def _next_probe(self) -> int:
+        """The k the next probe runs: k_max and the least recently measured other k in turn."""
+        if self.cur != self.k_max and (self.windows <= 1 or (self._n_probes + 1) % 2):
+            return self.k_max
+        return min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
+
+    def _surprise_side(self, proposed: int, accepted: int, bar: float) -> tuple[int, float]:
+        """(+1 / -1, p): `accepted` of `proposed` drafts lies `bar` or more above / below what the estimate
+        expects, and p is the chance under it of lying that far out or farther; (0, 1) otherwise."""
+        alpha = self.acceptance()[:proposed]
+        reach = np.concatenate([[1.0], np.cumprod(alpha)])       # [j]: chance of taking drafts 1..j
+        p = reach.copy()
+        p[:-1] -= reach[1:]                                      # [j]: chance of taking exactly j
+        off = accepted - float(reach[1:].sum())
+        if off >= bar:
+            return 1, float(p[accepted:].sum())
+        if off <= -bar:
+            return -1, float(p[:accepted + 1].sum())
+        return 0, 1.0
 
     def acceptance(self) -> np.ndarray:
         """[j] for j in 1..k_max: the estimated chance that draft j is taken when drafts 1..j-1 were."""
@@ -318,18 +414,36 @@ class DraftPolicy:
     def expected_tokens(self, k: int) -> float:
         return 1.0 + float(np.cumprod(self.acceptance()[:k]).sum()) if k > 0 else 1.0
 
+    def ratio(self, k: int) -> float | None:
+        """A window of k drafts over a plain step, as measured side by side (the median of its last TIMES
+        probes, each over the current k's median of the moment); 1 for k = 0; None: not measured."""
+        return 1.0 if k == 0 else self._ratio_med[k]
+
     def cost(self, k: int) -> float | None:
+        """Seconds of a window of k drafts now: the current k's median time, and any other k at its ratio
+        to that one (so a probe's cost moves with the machine's speed as the current k's does: on a busy
+        host, a cost timed minutes ago in a quiet spell must not look cheap next to one timed in a slow
+        one), once the current k's own ratio is known (always for k = 0); a k not measured yet on a line
+        through the measured ratios (1 + k / 4 when only k = 0 is)."""
+        cur = self.t[self.cur]
+        rc = self.ratio(self.cur)
+        if cur is None or rc is None or (self.cur and len(self._ratio[self.cur]) < self.TIMES):
+            # not yet side by side: a current k > 0 is timed against plain steps only by k = 0's probes, and
+            # its ratio is trusted once TIMES of them made it (fewer would carry one probe's noise into
+            # every other k's cost); until then, the times as taken
+            return self._absolute(k)
+        if k == self.cur:
+            return cur
+        rk = self.ratio(k)
+        if rk is None:
+            rk = _line([(j, r) for j in range(self.k_max + 1) if (r := self.ratio(j)) is not None], k)
+        return cur * rk / rc
+
+    def _absolute(self, k: int) -> float | None:
         if self.t[k] is not None:
             return self.t[k]
         known = [(j, t) for j, t in enumerate(self.t) if t is not None]
-        if not known:
-            return None
-        if len(known) == 1:
-            j, t = known[0]
-            base = t / (1.0 + j / 4.0)
-            return base * (1.0 + k / 4.0)
-        (j0, t0), (j1, t1) = known[0], known[-1]
-        return t0 + (t1 - t0) * (k - j0) / (j1 - j0)
+        return _line(known, k) if known else None
 
     def rate(self, k: int) -> float:
         c = self.cost(k)
@@ -352,18 +466,17 @@ class DraftPolicy:
             k = 0
         elif self._probe_again and self.cur != self.k_max:
             k = self.k_max
-        elif w == 1 or w - self._last_probe >= self._interval(self._cached_rates()):
+        elif w == 1 or w - self._last_probe >= self._probe_gap():
+            k = self._next_probe()
             self._last_probe = w
             self._n_probes += 1
-            if self.cur != self.k_max and (w == 1 or self._n_probes % 2):
-                k = self.k_max
-            else:
-                k = min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
         else:
             rates = self._cached_rates()
-            best = int(np.argmax(rates))
+            best = max(range(len(rates)), key=rates.__getitem__)
             if best != self.cur and rates[best] > self.HYSTERESIS * rates[self.cur]:
                 self.cur = best
+                self._moved = w
+                self._rates = None                    # costs and the probe gap are the new k's now
                 self.history.append((w, best))
             k = self.cur
         self._probes_in_row = self._probes_in_row + 1 if k != self.cur else 0
@@ -376,14 +489,21 @@ class DraftPolicy:
         self.k_count[min(k, self.k_max)] += 1
         self._probe_again = False
         if proposed > 0:
-            # a window far from what the estimate expects (1.5 drafts or more either way) says the text
-            # changed: the old evidence mostly goes, and a probe follows at once to confirm
-            expect = float(np.cumprod(self.acceptance()[:proposed]).sum())
-            off = accepted - expect
-            side = 0 if abs(off) < self.SURPRISE else (1 if off > 0 else -1)
-            # a probe's surprise counts at once; the current k's only when the one before it was the same
-            surprise = side != 0 and (self._probes_in_row > 0 or side == self._last_side)
-            self._last_side = side
+            # a window far from what the estimate expects, and unlikely under it, says the text changed:
+            # the old evidence mostly goes, and a probe follows at once to confirm
+            # a probe's surprise counts at once; the current k's only when its window before (probes in
+            # between are not its) lay out on the same side, and, within a run of them, at SURPRISE_RUN
+            probe = self._probes_in_row > 0
+            side, p = self._surprise_side(proposed, accepted,
+                                          self.SURPRISE_RUN if self._run and not probe else self.SURPRISE)
+            if probe:
+                surprise = side != 0
+            else:
+                surprise = side != 0 and side == self._last_side
+                self._last_side = side
+                self._run = surprise
+            if surprise and (self._probes_in_row == 0 or p <= self.P_SURPRISE):
+                self._moved = self.windows
             keep = self.FORGET if surprise else self.DECAY
             self.n *= keep
             self.a *= keep
@@ -392,11 +512,19 @@ class DraftPolicy:
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
         kk = proposed if proposed > 0 else 0
+        t_cur = self.t[self.cur]
+        if kk != self.cur and t_cur:                  # a probe, side by side with the current k
+            r = seconds / t_cur
+            base = self.ratio(self.cur)
+            j, rc = (self.cur, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
+            if rc is not None:
+                self._ratio[j].append(rc)
+                self._ratio_med[j] = statistics.median(self._ratio[j])
         self._times[kk].append(seconds)
         self.seen[kk] = self.windows
         self._stale += 1
         if proposed > 0 or self._stale >= 8 or self.t[kk] is None:
-            self.t[kk] = float(np.median(self._times[kk]))
+            self.t[kk] = statistics.median(self._times[kk])
             if proposed > 0:
                 self._rates = None
 

@@ -778,16 +778,19 @@ SWITCH_EVERY = 64             # ... and its phase length in generated tokens
 
 
 def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 512,
-                   kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print) -> dict:
-    """`strata bench model --mtp auto`: --mtp auto next to every fixed k in 0..k_max, one loaded model, one run
-    each, side by side: with the head's own drafts ("natural"), at each forced acceptance rate, and on a
-    schedule that switches the forced rate between SWITCH_RATES every SWITCH_EVERY generated tokens.
+                   kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print, rounds: int = 1) -> dict:
+    """`strata bench model --mtp auto`: --mtp auto next to every fixed k in 0..k_max, one loaded model, side
+    by side: with the head's own drafts ("natural"), at each forced acceptance rate, and on a schedule that
+    switches the forced rate between SWITCH_RATES every SWITCH_EVERY generated tokens.
     {"settings", "natural": {"auto": RUN, "fixed": {"0": RUN, ...}}, "forced": [{"rate", "auto", "fixed"}],
     "switching": {"auto", "fixed"}}; RUN as bench_mtp's, plus mtp_k (auto's mean k) and vs_best_fixed / vs_each
-    (auto's tokens/s over the best fixed k's, and over each)."""
-    if k_max < 1 or prompt_tokens < 1 or gen_tokens < 2:
-        raise BenchError(f"--mtp-max must be >= 1, --prompt-tokens >= 1 and --gen-tokens >= 2 (got {k_max}, "
-                         f"{prompt_tokens}, {gen_tokens})")
+    (auto's tokens/s over the best fixed k's, and over each). With rounds > 1 every row runs that many times,
+    auto first in odd rounds and last in even ones (a host whose speed drifts then favours neither); "auto" and
+    "fixed" are the first round's RUNs, "rounds" every round's tokens/s and ratios, and vs_best_fixed / vs_each
+    the medians of the rounds' ratios."""
+    if k_max < 1 or prompt_tokens < 1 or gen_tokens < 2 or rounds < 1:
+        raise BenchError(f"--mtp-max must be >= 1, --prompt-tokens >= 1, --gen-tokens >= 2 and --rounds >= 1 (got "
+                         f"{k_max}, {prompt_tokens}, {gen_tokens}, {rounds})")
     b = _MTPBench(path, k_max, threads, prompt_tokens, gen_tokens, kv_type, seed, log,
                   f"--mtp auto (max {k_max}) next to fixed k 0..{k_max}", mtp_max=k_max)
     try:
@@ -797,18 +800,37 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
                 f"{out['drafts_proposed']}" + (f"  mean k {out['mtp_k']:.2f}" if mtp == "auto" else ""))
             return out
 
+        def one_round(name, make_hook, auto_first):
+            fixed = {}
+            auto = run(f"{name} auto", "auto", make_hook) if auto_first else None
+            for k in range(k_max + 1):
+                fixed[str(k)] = run(f"{name} k={k}", k, make_hook)
+            if not auto_first:
+                auto = run(f"{name} auto", "auto", make_hook)
+            best = max(r["decode_tps"] for r in fixed.values())
+            a = auto["decode_tps"]
+            return {"auto": auto, "fixed": fixed, "vs_best_fixed": a / best if best else None,
+                    "vs_each": {k: (a / r["decode_tps"] if r["decode_tps"] else None) for k, r in fixed.items()}}
+
         def side_by_side(name, make_hook):
-            row = {"auto": run(f"{name} auto", "auto", make_hook),
-                   "fixed": {str(k): run(f"{name} k={k}", k, make_hook) for k in range(k_max + 1)}}
-            best = max(r["decode_tps"] for r in row["fixed"].values())
-            a = row["auto"]["decode_tps"]
-            row["vs_best_fixed"] = a / best if best else None
-            row["vs_each"] = {k: (a / r["decode_tps"] if r["decode_tps"] else None) for k, r in row["fixed"].items()}
+            done = [one_round(name if rounds == 1 else f"{name} r{i + 1}", make_hook, i % 2 == 0)
+                    for i in range(rounds)]
+            row = dict(done[0])
+            if rounds > 1:
+                row["rounds"] = [{"auto": d["auto"]["decode_tps"], "mtp_k": d["auto"].get("mtp_k"),
+                                  "fixed": {k: r["decode_tps"] for k, r in d["fixed"].items()},
+                                  "vs_best_fixed": d["vs_best_fixed"], "vs_each": d["vs_each"]} for d in done]
+                med = lambda xs: float(np.median(xs)) if all(x is not None for x in xs) else None  # noqa: E731
+                row["vs_best_fixed"] = med([d["vs_best_fixed"] for d in done])
+                row["vs_each"] = {k: med([d["vs_each"][k] for d in done]) for k in row["vs_each"]}
+                row["same_tokens"] = all(d["auto"]["same_tokens"] and all(f["same_tokens"] for f in d["fixed"].values())
+                                         for d in done)
             return row
 
         res = {"settings": {"model": path, "mtp": "auto", "mtp_max": k_max, "threads": threads,
                             "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed,
-                            "switch_rates": list(SWITCH_RATES), "switch_every": SWITCH_EVERY}}
+                            "switch_rates": list(SWITCH_RATES), "switch_every": SWITCH_EVERY, "rounds": rounds,
+                            "rates": list(rates)}}
         res["natural"] = side_by_side("head's own", None)
         res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}",
                                                     lambda r=r: b.forced(lambda pos: r, int(r * 1000)))}
@@ -830,14 +852,27 @@ def format_mtp_auto_table(res: dict) -> str:
              + f" {'auto/best':>10s} {'auto/worst':>11s}"]
     rows = [("head's own", res["natural"])] + [(f"forced {f['rate']:.2f}", f) for f in res["forced"]] \
         + [(f"switch {s['switch_rates'][0]}/{s['switch_rates'][1]}", res["switching"])]
+    if s.get("rounds", 1) > 1:
+        lines[0] = lines[0].replace("one run each", f"{s['rounds']} rounds (auto first, then last, in turn); "
+                                    "each round's row, then the medians of its ratios")
     for name, r in rows:
         a = r["auto"]
         each = [v for v in r["vs_each"].values() if v is not None]
-        same = a["same_tokens"] and all(f["same_tokens"] for f in r["fixed"].values())
-        lines.append(f"{name:16s} {a['decode_tps']:8.2f} {a.get('mtp_k', 0):7.2f} "
-                     + " ".join(f"{r['fixed'][k]['decode_tps']:8.2f}" for k in ks)
-                     + f" {r['vs_best_fixed'] or 0:10.2f} {max(each) if each else 0:11.2f}"
-                     + ("" if same else "  OUTPUT DIFFERS"))
+        same = r.get("same_tokens", a["same_tokens"] and all(f["same_tokens"] for f in r["fixed"].values()))
+        for i, rd in enumerate(r.get("rounds") or [None]):
+            if rd is None:
+                tps, k_mean, fixed, best, worst = a["decode_tps"], a.get("mtp_k", 0), \
+                    [r["fixed"][k]["decode_tps"] for k in ks], r["vs_best_fixed"], max(each) if each else 0
+            else:
+                e = [v for v in rd["vs_each"].values() if v is not None]
+                tps, k_mean, fixed, best, worst = rd["auto"], rd["mtp_k"] or 0, [rd["fixed"][k] for k in ks], \
+                    rd["vs_best_fixed"], max(e) if e else 0
+            label = name if rd is None else f"{name} r{i + 1}"
+            lines.append(f"{label:16s} {tps:8.2f} {k_mean:7.2f} " + " ".join(f"{v:8.2f}" for v in fixed)
+                         + f" {best or 0:10.2f} {worst:11.2f}" + ("" if same else "  OUTPUT DIFFERS"))
+        if r.get("rounds"):
+            lines.append(f"{name + ' median':24s} {'':7s} " + " ".join(f"{'':8s}" for _ in ks)
+                         + f"  {r['vs_best_fixed'] or 0:10.2f} {max(each) if each else 0:11.2f}")
     return "\n".join(lines)
 
 

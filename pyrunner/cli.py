@@ -289,10 +289,14 @@ def bench_kernels(as_json, types, threads, batches, isa):
 @click.option("--device", type=click.Choice(["sim", "cuda"]), default="sim", show_default=True,
               help="With --split-compare: the device.")
 @click.option("--cache-gib", type=float, default=None, help="With --split-compare: device expert cache, GiB.")
-@click.option("--rounds", type=int, default=2, show_default=True, help="With --split-compare: rounds of seed, online.")
+@click.option("--rounds", type=int, default=None,
+              help="With --split-compare: rounds of seed, online [default: 2]. With --mtp auto: rounds of every row, "
+                   "auto first and last in turn [default: 1].")
+@click.option("--mtp-rates", type=str, default=None, callback=lambda c, p, v: _rates(v),
+              help="With --mtp auto: the forced acceptance rates, comma-separated [default: 0,0.25,0.5,0.75,0.9,1].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
                 mtp_max, trace_path, repack, mem_limit_gib, expert_io, ram_gib, split_compare, device, cache_gib,
-                rounds):
+                rounds, mtp_rates):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -315,7 +319,8 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
             with tracer:
                 if mtp == "auto":
                     res = b.bench_mtp_auto(model_path, mtp_max, threads=threads, prompt_tokens=prompt_tokens,
-                                           gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
+                                           gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log,
+                                           rounds=rounds or 1, rates=mtp_rates or b.MTP_RATES)
                 else:
                     res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
                                       gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)
@@ -327,7 +332,8 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
     if split_compare:
         try:
             res = b.bench_split(model_path, device=device, cache_gib=cache_gib, threads=threads,
-                                prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, rounds=rounds, seed=seed, log=log)
+                                prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, rounds=rounds or 2, seed=seed,
+                                log=log)
         except (b.BenchError, StrataError) as e:
             raise _fail(e) from None
         _bench_out(res, as_json, b.format_split_table)
@@ -380,6 +386,19 @@ def _bench_traced(path: str, res: dict, run) -> dict:
         tr.meta["overhead"] = dict(out, prefill_tps_off=off["prefill_tps"], decode_tps_off=off["decode_tps"])
     out["events"] = tr.meta["events"]
     return out
+
+
+def _rates(value):
+    """--mtp-rates: forced acceptance rates in [0, 1], comma-separated (None: the default set)."""
+    if value is None:
+        return None
+    try:
+        rates = [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give rates in [0, 1] separated by commas, e.g. 0,0.5,0.9") from None
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise click.BadParameter(f"{value!r}: give rates in [0, 1] separated by commas, e.g. 0,0.5,0.9")
+    return rates
 
 
 def _bench_out(res: dict, as_json: bool, table) -> None:

@@ -208,15 +208,20 @@ class MTPDecoder:
     def plain(self, x: int, history: list[int]) -> list[int]:
         """A step without drafts (--mtp auto chose none): x alone, as the one-token loop evaluates it, with
         its pre-mixer row kept. The head does not run on plain steps (it would cost a good share of a
-        step): the prompt's rows are extended at the first one, as a drafting window would, and then only
-        the last REFRESH_ROWS rows are kept, which the next drafting window extends before it drafts. The
+        step): only the last REFRESH_ROWS rows are kept, the prompt's included, which the next drafting
+        window extends before it drafts (so a request that never drafts never runs the head over its
+        prompt: on flash-small that extend cost ~4 % of a 512-token decode after a 512-token prompt). The
         head's cache holds nothing for the positions in between (zeros, or an earlier text's rows): its
-        drafts may be worse for it, never wrong, since the verify window decides."""
+        drafts may be worse for it, never wrong, since the verify window decides (on flash-small's
+        held-out text, k = 2 took 0.55 of its drafts after the prompt's last 8 rows, 0.48 after all 256)."""
         sess = self.sess
         p = sess.n_past
-        if self._rows is not None and self._rows[3]:
-            self._flush(x)                            # the prompt's: as the first window would
-        elif self._rows is not None:                  # complete the waiting rows with x, keep the last few
+        if self._rows is not None and self._rows[3]:  # the prompt's: its last rows wait like plain steps'
+            rows, nxt, p0, _ = self._rows
+            rows = np.concatenate(rows)
+            cut = max(0, len(rows) - REFRESH_ROWS + 1)
+            self._rows = ([r[None, :] for r in rows[cut:]], nxt[cut:], p0 + cut, False)
+        if self._rows is not None:                    # complete the waiting rows with x, keep the last few
             rows, nxt, p0, _ = self._rows
             nxt.append(x)
             if len(rows) >= REFRESH_ROWS:

@@ -163,6 +163,29 @@ def test_mtp_auto_next_to_every_fixed_k(tmp_path):
     assert r.exit_code == 2 and "'auto'" in r.output
 
 
+def test_mtp_auto_rounds_and_rates(tmp_path):
+    """--rounds N runs every row N times, auto first and last in turn, and reports each round's tokens/s and
+    ratios with their medians; --mtp-rates picks the forced rates; bad rates are refused."""
+    path = tmp_path / "tiny-mtp.gguf"
+    make_model("tiny", str(path), "f32", 0, mtp=True)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--json", "--mtp", "auto", "--mtp-max", "1",
+                                  "--prompt-tokens", "12", "--gen-tokens", "40", "--rounds", "3",
+                                  "--mtp-rates", "0,0.9"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["settings"]["rounds"] == 3 and [f["rate"] for f in res["forced"]] == [0.0, 0.9]
+    for row in [res["natural"], res["switching"]] + res["forced"]:
+        assert len(row["rounds"]) == 3 and row["same_tokens"]
+        ratios = [rd["vs_best_fixed"] for rd in row["rounds"]]
+        assert row["vs_best_fixed"] == pytest.approx(sorted(ratios)[1])
+        for rd in row["rounds"]:
+            assert rd["vs_best_fixed"] == pytest.approx(rd["auto"] / max(rd["fixed"].values()))
+    table = bench.format_mtp_auto_table(res)
+    assert "forced 0.90 r3" in table and "median" in table
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--mtp", "auto", "--mtp-rates", "0,2"])
+    assert r.exit_code == 2 and "[0, 1]" in r.output
+
+
 def test_break_even_interpolates():
     assert bench._break_even([(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)]) == pytest.approx(0.625)
     assert bench._break_even([(0.0, 1.1), (1.0, 2.0)]) == 0.0

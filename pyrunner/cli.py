@@ -522,8 +522,9 @@ def _engine_options(f):
         click.option("--cache-gib", type=float, default=None, help="Expert cache size on the device, GiB."),
         click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
         click.option("--split", type=click.Choice(["seed", "online"]), default=None,
-                     help="How that share is chosen: seed (one share from the link probe, three updates) or online "
-                          "(one per MoE layer, from live costs, every decode window) [default: seed]."),
+                     help="How that share is chosen: online (one per MoE layer, from live costs, every decode "
+                          "window) or seed (one share from the link probe, three updates) [default: online; seed "
+                          "with --pcie-frac, which then stays fixed]."),
         click.option("--sim-link-gbps", type=float, default=None,
                      help="Link bandwidth of the sim device, GB/s [default: 16]."),
         click.option("--trace-routing", type=click.Path(dir_okay=False, writable=True), default=None,

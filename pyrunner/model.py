@@ -111,7 +111,7 @@ class Model:
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
                  expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool | int = True,
-                 split: str = "seed", ple_cache_mib: float | None = None):
+                 split: str | None = None, ple_cache_mib: float | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -145,10 +145,10 @@ class Model:
         expert_io_backend: "auto" (io_uring, else a pool of pread threads), "io_uring" or "pread";
         expert_prefetch (default True: the library's 2 ranks; an int: that many; False or 0: off): with direct
         reads, while layer l computes, read ahead the experts layer l+1's router ranks best for each token of
-        layer l's MoE input. split: how the share of missing experts sent over
-        the link is chosen on a device ("seed", the default: one share, from the probe and pyrunner.controller's
-        three updates; "online": one share per MoE layer, updated every decode window from that layer's live
-        CPU cost and the link's, strata.h strata_split).
+        layer l's MoE input. split: how the share of missing experts sent over the link is chosen on a
+        device ("online", the default: one share per MoE layer, moved by what that layer's decode windows
+        cost, strata.h strata_split; "seed": one share, from the probe and pyrunner.controller's three
+        updates; None: "seed" when pcie_frac is given, which then stays fixed, else "online").
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -170,6 +170,8 @@ class Model:
             raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
         if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
+        if split is None:
+            split = "seed" if pcie_frac is not None else "online"
         if split not in SPLITS:
             raise ValueError(f"split {split!r}: choose one of {', '.join(SPLITS)}")
         if expert_io not in EXPERT_IO:

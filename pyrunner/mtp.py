@@ -494,10 +494,8 @@ class DraftPolicy:
         self.k_count[min(k, self.k_max)] += 1
         self._probe_again = False
         if proposed > 0:
-            # a window far from what the estimate expects, and unlikely under it, says the text changed:
-            # the old evidence mostly goes, and a probe follows at once to confirm
-            # a probe's surprise counts at once; the current k's only when its window before (probes in
-            # between are not its) lay out on the same side, and, within a run of them, at SURPRISE_RUN
+            # a window far from what the estimate expects says the text changed: the old evidence mostly
+            # goes, and a probe follows at once to confirm (the class docstring: surprises)
             probe = self._probes_in_row > 0
             side, p = self._surprise_side(proposed, accepted,
                                           self.SURPRISE_RUN if self._run and not probe else self.SURPRISE)
@@ -507,7 +505,7 @@ class DraftPolicy:
                 surprise = side != 0 and side == self._last_side
                 self._last_side = side
                 self._run = surprise
-            if surprise and (self._probes_in_row == 0 or p <= self.P_SURPRISE):
+            if surprise and (not probe or p <= self.P_SURPRISE):
                 self._moved = self.windows
             keep = self.FORGET if surprise else self.DECAY
             self.n *= keep

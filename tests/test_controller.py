@@ -203,7 +203,8 @@ def test_generate_starts_from_libstratas_share_and_leaves_it_there(tmp_path, mon
 
     path = tmp_path / "tiny.gguf"
     make_model("tiny", str(path), "f32", 0)
-    with Model(str(path), threads=2, n_ctx=256, device="sim", cache_gib=0.0, tail_skip=0, sim_link_gbps=8) as m:
+    with Model(str(path), threads=2, n_ctx=256, device="sim", cache_gib=0.0, tail_skip=0, sim_link_gbps=8,
+               split="seed") as m:
         start = m.offload_stats()["pcie_frac"]
         writes = []
         real = m.set_pcie_frac

@@ -217,9 +217,11 @@ def test_prefill_streams_through_the_staging_ring(tiny, reference, tmp_path):
 
 
 def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
-    """With pcie_frac unset the share starts from the link probe and the controller (pyrunner.controller)
-    updates it from measured rates once enough decode windows and missing groups were seen."""
-    m = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, sim_link_gbps=8)
+    """--split seed with pcie_frac unset: the share starts from the link probe and the controller
+    (pyrunner.controller) updates it from measured rates once enough decode windows and missing groups were
+    seen. With pcie_frac given the default split is seed and the share stays fixed; without, it is online."""
+    assert Model(tiny, n_ctx=64, device="sim").split == "online"
+    m = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, sim_link_gbps=8, split="seed")
     start = m.offload_stats()["pcie_frac"]
     ban = {i: float("-inf") for i in range(300, m.n_vocab)}      # no end-of-generation token: run to -n
     c = m.generate("The offload engine", max_tokens=90, temperature=0, logit_bias=ban)
@@ -229,6 +231,7 @@ def test_controller_adapts_pcie_frac_during_generation(tiny, capsys):
     assert c.stats["pcie_frac"] == pytest.approx(ctl.pcie_frac) and ctl.pcie_frac != pytest.approx(start)
     assert "pcie_frac" in capsys.readouterr().err
     fixed = Model(tiny, threads=2, n_ctx=512, device="sim", cache_gib=0.0, tail_skip=0, pcie_frac=0.3)
+    assert fixed.split == "seed"
     c = fixed.generate("The offload engine", max_tokens=60, temperature=0, logit_bias=ban)
     assert c.stats["pcie_frac"] == pytest.approx(0.3)
 

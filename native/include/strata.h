@@ -403,7 +403,8 @@ typedef struct strata_model_params {
                                   router ranks best for layer l's MoE input: this many ranks of every token of a
                                   window of <= 16 tokens (at most n_expert_used); default 2 (on the bench preset
                                   under a memory limit: more ranks read more than they save); 0: off */
-    int32_t split;             /* strata_split: how pcie_frac is chosen; default STRATA_SPLIT_SEED */
+    int32_t split;             /* strata_split: how pcie_frac is chosen; default STRATA_SPLIT_ONLINE (which
+                                  starts from pcie_frac when that is given and moves it; SEED keeps it) */
     uint64_t ple_cache_bytes;  /* the PLE row cache (DESIGN §6): RAM for table rows kept by row id, budget /
                                   row_bytes entries (at most the table's rows) plus an index of 17-25 bytes
                                   an entry (64 MiB of 90-byte rows: 745,654 rows, 14.7 MB of index); gathers read only the rows it misses. Default 64 MiB; 0 = off

@@ -816,15 +816,13 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
             done = [one_round(name if rounds == 1 else f"{name} r{i + 1}", make_hook, i % 2 == 0)
                     for i in range(rounds)]
             row = dict(done[0])
+            row["same_tokens"] = all(d["auto"]["same_tokens"] and all(f["same_tokens"] for f in d["fixed"].values())
+                                     for d in done)
             if rounds > 1:
-                row["rounds"] = [{"auto": d["auto"]["decode_tps"], "mtp_k": d["auto"].get("mtp_k"),
-                                  "fixed": {k: r["decode_tps"] for k, r in d["fixed"].items()},
-                                  "vs_best_fixed": d["vs_best_fixed"], "vs_each": d["vs_each"]} for d in done]
+                row["rounds"] = [_mtp_round(d) for d in done]
                 med = lambda xs: float(np.median(xs)) if all(x is not None for x in xs) else None  # noqa: E731
                 row["vs_best_fixed"] = med([d["vs_best_fixed"] for d in done])
                 row["vs_each"] = {k: med([d["vs_each"][k] for d in done]) for k in row["vs_each"]}
-                row["same_tokens"] = all(d["auto"]["same_tokens"] and all(f["same_tokens"] for f in d["fixed"].values())
-                                         for d in done)
             return row
 
         res = {"settings": {"model": path, "mtp": "auto", "mtp_max": k_max, "threads": threads,
@@ -843,6 +841,13 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
         b.model.close()
 
 
+def _mtp_round(d: dict) -> dict:
+    """One round of a bench_mtp_auto row as the JSON's "rounds" keep it: tokens/s and ratios."""
+    return {"auto": d["auto"]["decode_tps"], "mtp_k": d["auto"].get("mtp_k"),
+            "fixed": {k: r["decode_tps"] for k, r in d["fixed"].items()},
+            "vs_best_fixed": d["vs_best_fixed"], "vs_each": d["vs_each"]}
+
+
 def format_mtp_auto_table(res: dict) -> str:
     s = res["settings"]
     ks = [str(k) for k in range(s["mtp_max"] + 1)]
@@ -856,20 +861,14 @@ def format_mtp_auto_table(res: dict) -> str:
         lines[0] = lines[0].replace("one run each", f"{s['rounds']} rounds (auto first, then last, in turn); "
                                     "each round's row, then the medians of its ratios")
     for name, r in rows:
-        a = r["auto"]
         each = [v for v in r["vs_each"].values() if v is not None]
-        same = r.get("same_tokens", a["same_tokens"] and all(f["same_tokens"] for f in r["fixed"].values()))
-        for i, rd in enumerate(r.get("rounds") or [None]):
-            if rd is None:
-                tps, k_mean, fixed, best, worst = a["decode_tps"], a.get("mtp_k", 0), \
-                    [r["fixed"][k]["decode_tps"] for k in ks], r["vs_best_fixed"], max(each) if each else 0
-            else:
-                e = [v for v in rd["vs_each"].values() if v is not None]
-                tps, k_mean, fixed, best, worst = rd["auto"], rd["mtp_k"] or 0, [rd["fixed"][k] for k in ks], \
-                    rd["vs_best_fixed"], max(e) if e else 0
-            label = name if rd is None else f"{name} r{i + 1}"
-            lines.append(f"{label:16s} {tps:8.2f} {k_mean:7.2f} " + " ".join(f"{v:8.2f}" for v in fixed)
-                         + f" {best or 0:10.2f} {worst:11.2f}" + ("" if same else "  OUTPUT DIFFERS"))
+        flag = "" if r["same_tokens"] else "  OUTPUT DIFFERS"
+        for i, rd in enumerate(r.get("rounds") or [_mtp_round(r)]):
+            worst = [v for v in rd["vs_each"].values() if v is not None]
+            label = f"{name} r{i + 1}" if r.get("rounds") else name
+            lines.append(f"{label:16s} {rd['auto']:8.2f} {rd['mtp_k'] or 0:7.2f} "
+                         + " ".join(f"{rd['fixed'][k]:8.2f}" for k in ks)
+                         + f" {rd['vs_best_fixed'] or 0:10.2f} {max(worst) if worst else 0:11.2f}" + flag)
         if r.get("rounds"):
             lines.append(f"{name + ' median':24s} {'':7s} " + " ".join(f"{'':8s}" for _ in ks)
                          + f"  {r['vs_best_fixed'] or 0:10.2f} {max(each) if each else 0:11.2f}")

@@ -395,7 +395,7 @@ def _rates(value):
     try:
         rates = [float(x) for x in value.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: give rates in [0, 1] separated by commas, e.g. 0,0.5,0.9") from None
+        rates = []
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
         raise click.BadParameter(f"{value!r}: give rates in [0, 1] separated by commas, e.g. 0,0.5,0.9")
     return rates

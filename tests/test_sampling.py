@@ -529,3 +529,18 @@ def test_chain_matches_llama_cpp_samplers():
             ids = np.array(sorted(theirs))
             q = probabilities(np.array([theirs[i] for i in ids], np.float32))
             assert np.allclose(d[ids], q, rtol=2e-5, atol=1e-9), case
+
+
+def test_invalid_logits_are_refused_and_banned_ones_are_not():
+    """NaN or +inf anywhere in the logits is the model's fault and an error, wherever it sits (the check is one
+    maximum over the vector); -inf is a banned token and is sampled around. Greedy and sampling alike."""
+    for params in (SamplingParams.greedy(), SamplingParams.neutral(seed=1)):
+        for bad in (np.nan, np.inf):
+            for at in (0, 5, 9):
+                x = np.zeros(10, np.float32)
+                x[at] = bad
+                with pytest.raises(ValueError, match="NaN or \\+inf"):
+                    make_sampler(params).sample(x)
+        x = np.full(10, -np.inf, np.float32)
+        x[7] = 0.5
+        assert make_sampler(params).sample(x) == 7

@@ -775,10 +775,12 @@ def bench_mtp(path: str, k: int, threads: int = 2, prompt_tokens: int = 128, gen
 
 SWITCH_RATES = (0.2, 0.95)    # bench model --mtp auto: the switching schedule's two acceptance rates
 SWITCH_EVERY = 64             # ... and its phase length in generated tokens
+MTP_AUTO_ROWS = ("natural", "forced", "switching")   # bench model --mtp auto --mtp-rows: the rows it can run
 
 
 def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: int = 128, gen_tokens: int = 512,
-                   kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print, rounds: int = 1) -> dict:
+                   kv_type: str = "f16", seed: int = 0, rates=MTP_RATES, log=print, rounds: int = 1,
+                   rows=MTP_AUTO_ROWS) -> dict:
     """`strata bench model --mtp auto`: --mtp auto next to every fixed k in 0..k_max, one loaded model, side
     by side: with the head's own drafts ("natural"), at each forced acceptance rate, and on a schedule that
     switches the forced rate between SWITCH_RATES every SWITCH_EVERY generated tokens.
@@ -787,7 +789,10 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
     (auto's tokens/s over the best fixed k's, and over each). With rounds > 1 every row runs that many times,
     auto first in odd rounds and last in even ones (a host whose speed drifts then favours neither); "auto" and
     "fixed" are the first round's RUNs, "rounds" every round's tokens/s and ratios, and vs_best_fixed / vs_each
-    the medians of the rounds' ratios."""
+    the medians of the rounds' ratios. `rows`: which of MTP_AUTO_ROWS to run (the others are left out of the
+    result), e.g. only the switching schedule on a slow model."""
+    if not rows or any(r not in MTP_AUTO_ROWS for r in rows):
+        raise BenchError(f"--mtp-rows {','.join(rows)}: give some of {', '.join(MTP_AUTO_ROWS)}")
     if k_max < 1 or prompt_tokens < 1 or gen_tokens < 2 or rounds < 1:
         raise BenchError(f"--mtp-max must be >= 1, --prompt-tokens >= 1, --gen-tokens >= 2 and --rounds >= 1 (got "
                          f"{k_max}, {prompt_tokens}, {gen_tokens}, {rounds})")
@@ -828,14 +833,17 @@ def bench_mtp_auto(path: str, k_max: int = 3, threads: int = 2, prompt_tokens: i
         res = {"settings": {"model": path, "mtp": "auto", "mtp_max": k_max, "threads": threads,
                             "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "kv_type": kv_type, "seed": seed,
                             "switch_rates": list(SWITCH_RATES), "switch_every": SWITCH_EVERY, "rounds": rounds,
-                            "rates": list(rates)}}
-        res["natural"] = side_by_side("head's own", None)
-        res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}",
-                                                    lambda r=r: b.forced(lambda pos: r, int(r * 1000)))}
-                         for r in rates]
-        start = len(b.ids)
-        res["switching"] = side_by_side("switching", lambda: b.forced(
-            lambda pos: SWITCH_RATES[((pos - start) // SWITCH_EVERY) % 2], 7777))
+                            "rates": list(rates), "rows": list(rows)}}
+        if "natural" in rows:
+            res["natural"] = side_by_side("head's own", None)
+        if "forced" in rows:
+            res["forced"] = [{"rate": r, **side_by_side(f"forced {r:.2f}",
+                                                        lambda r=r: b.forced(lambda pos: r, int(r * 1000)))}
+                             for r in rates]
+        if "switching" in rows:
+            start = len(b.ids)
+            res["switching"] = side_by_side("switching", lambda: b.forced(
+                lambda pos: SWITCH_RATES[((pos - start) // SWITCH_EVERY) % 2], 7777))
         return res
     finally:
         b.model.close()
@@ -855,8 +863,9 @@ def format_mtp_auto_table(res: dict) -> str:
              f"{s['gen_tokens']} greedy tokens, {s['threads']} threads, kv {s['kv_type']}; decode tok/s, one run each",
              f"{'drafts':16s} {'auto':>8s} {'mean k':>7s} " + " ".join(f"{'k=' + k:>8s}" for k in ks)
              + f" {'auto/best':>10s} {'auto/worst':>11s}"]
-    rows = [("head's own", res["natural"])] + [(f"forced {f['rate']:.2f}", f) for f in res["forced"]] \
-        + [(f"switch {s['switch_rates'][0]}/{s['switch_rates'][1]}", res["switching"])]
+    rows = ([("head's own", res["natural"])] if "natural" in res else []) \
+        + [(f"forced {f['rate']:.2f}", f) for f in res.get("forced", [])] \
+        + ([(f"switch {s['switch_rates'][0]}/{s['switch_rates'][1]}", res["switching"])] if "switching" in res else [])
     if s.get("rounds", 1) > 1:
         lines[0] = lines[0].replace("one run each", f"{s['rounds']} rounds (auto first, then last, in turn); "
                                     "each round's row, then the medians of its ratios")

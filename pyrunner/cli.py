@@ -294,9 +294,12 @@ def bench_kernels(as_json, types, threads, batches, isa):
                    "auto first and last in turn [default: 1].")
 @click.option("--mtp-rates", type=str, default=None, callback=lambda c, p, v: _rates(v),
               help="With --mtp auto: the forced acceptance rates, comma-separated [default: 0,0.25,0.5,0.75,0.9,1].")
+@click.option("--mtp-rows", type=str, default=None,
+              help="With --mtp auto: which rows to run, comma-separated, of natural (the head's own drafts), forced "
+                   "(the --mtp-rates) and switching (the schedule) [default: all three].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
                 mtp_max, trace_path, repack, mem_limit_gib, expert_io, ram_gib, split_compare, device, cache_gib,
-                rounds, mtp_rates):
+                rounds, mtp_rates, mtp_rows):
     """Prefill tokens/s over a random prompt and decode tokens/s over greedy steps (each feeds the argmax of
     the previous logits); with --vs-llama-cpp, llama.cpp on the same file in the same run (in a child process:
     if llama.cpp crashes, Strata's figures are printed, then the crash on stderr, and the exit status is 1), and
@@ -320,7 +323,9 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
                 if mtp == "auto":
                     res = b.bench_mtp_auto(model_path, mtp_max, threads=threads, prompt_tokens=prompt_tokens,
                                            gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log,
-                                           rounds=rounds or 1, rates=mtp_rates or b.MTP_RATES)
+                                           rounds=rounds or 1, rates=mtp_rates or b.MTP_RATES,
+                                           rows=tuple(r.strip() for r in mtp_rows.split(",") if r.strip())
+                                           if mtp_rows is not None else b.MTP_AUTO_ROWS)
                 else:
                     res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
                                       gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)

@@ -186,6 +186,23 @@ def test_mtp_auto_rounds_and_rates(tmp_path):
     assert r.exit_code == 2 and "[0, 1]" in r.output
 
 
+def test_mtp_auto_rows(tmp_path):
+    """--mtp-rows runs only the rows named (here the switching schedule: the slow part on a big model is the
+    other rows); a row it does not know is refused with the ones it does."""
+    path = tmp_path / "tiny-mtp.gguf"
+    make_model("tiny", str(path), "f32", 0, mtp=True)
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--json", "--mtp", "auto", "--mtp-max", "1",
+                                  "--prompt-tokens", "12", "--gen-tokens", "24", "--mtp-rows", "switching"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["settings"]["rows"] == ["switching"] and "natural" not in res and "forced" not in res
+    assert set(res["switching"]["fixed"]) == {"0", "1"} and res["switching"]["same_tokens"]
+    table = bench.format_mtp_auto_table(res)
+    assert "switch 0.2/0.95" in table and "head's own" not in table and "forced" not in table
+    r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--mtp", "auto", "--mtp-rows", "switching,fast"])
+    assert r.exit_code != 0 and "natural, forced, switching" in r.output
+
+
 def test_break_even_interpolates():
     assert bench._break_even([(0.0, 0.5), (0.5, 0.9), (1.0, 1.3)]) == pytest.approx(0.625)
     assert bench._break_even([(0.0, 1.1), (1.0, 2.0)]) == 0.0

@@ -295,6 +295,7 @@ def bench_kernels(as_json, types, threads, batches, isa):
 @click.option("--mtp-rates", type=str, default=None, callback=lambda c, p, v: _rates(v),
               help="With --mtp auto: the forced acceptance rates, comma-separated [default: 0,0.25,0.5,0.75,0.9,1].")
 @click.option("--mtp-rows", type=str, default=None,
+              callback=lambda c, p, v: None if v is None else tuple(r.strip() for r in v.split(",") if r.strip()),
               help="With --mtp auto: which rows to run, comma-separated, of natural (the head's own drafts), forced "
                    "(the --mtp-rates) and switching (the schedule) [default: all three].")
 def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_tokens, kv_type, seed, mtp,
@@ -324,8 +325,7 @@ def bench_model(model_path, as_json, vs_llama_cpp, threads, prompt_tokens, gen_t
                     res = b.bench_mtp_auto(model_path, mtp_max, threads=threads, prompt_tokens=prompt_tokens,
                                            gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log,
                                            rounds=rounds or 1, rates=mtp_rates or b.MTP_RATES,
-                                           rows=tuple(r.strip() for r in mtp_rows.split(",") if r.strip())
-                                           if mtp_rows is not None else b.MTP_AUTO_ROWS)
+                                           rows=b.MTP_AUTO_ROWS if mtp_rows is None else mtp_rows)
                 else:
                     res = b.bench_mtp(model_path, mtp, threads=threads, prompt_tokens=prompt_tokens,
                                       gen_tokens=gen_tokens, kv_type=kv_type, seed=seed, log=log)

@@ -82,13 +82,18 @@ def token_counts(history: Sequence[int] | np.ndarray, last_n: int) -> tuple[np.n
     return np.unique(h, return_counts=True)
 
 
+def penalties_neutral(repeat_penalty: float, presence_penalty: float, frequency_penalty: float) -> bool:
+    """The penalties change nothing (llama.cpp's and OpenAI's defaults)."""
+    return repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0
+
+
 def apply_penalties(logits: np.ndarray, ids: np.ndarray, counts: np.ndarray,
                     repeat_penalty: float = 1.0, presence_penalty: float = 0.0,
                     frequency_penalty: float = 0.0) -> np.ndarray:
     """Penalise the tokens `ids` seen `counts` (> 0) times: repetition (llama.cpp: positive logits
     divided by repeat_penalty, negative ones multiplied), then subtract
     presence_penalty + frequency_penalty * count (OpenAI)."""
-    if len(ids) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+    if len(ids) == 0 or penalties_neutral(repeat_penalty, presence_penalty, frequency_penalty):
         return logits
     n = logits.shape[0]
     if ids[0] < 0 or ids[-1] >= n:  # ids come sorted from np.unique
@@ -351,26 +356,29 @@ class Sampler:
         seeded request replays exactly whatever mixes the two."""
         return float(self._rng.random())
 
-    def _check(self, logits) -> np.ndarray:
+    def _check(self, logits) -> tuple[np.ndarray, np.float32]:
+        """(the logits as float32, their maximum), or an error for NaN / +inf."""
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or x.shape[0] == 0:
             raise ValueError(f"logits must be one non-empty vector, got shape {x.shape}")
         top = x.max()                      # NaN anywhere makes the maximum NaN; +inf makes it +inf
         if np.isnan(top) or top == np.inf:
             raise ValueError("logits contain NaN or +inf: the model produced invalid numbers")
-        return x
+        return x, top
 
     def filtered_logits(self, logits, history: Sequence[int] = ()) -> np.ndarray:
         """Logits after bias, penalties, top-k, top-p and min-p (before temperature)."""
         p = self.params
-        x = self._check(logits)
-        x = apply_logit_bias(x, p.logit_bias)
-        if p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+        x0, top = self._check(logits)
+        x = apply_logit_bias(x0, p.logit_bias)
+        if not penalties_neutral(p.repeat_penalty, p.presence_penalty, p.frequency_penalty):
             # (the history's counts only when a penalty uses them: a unique over the last 64 tokens is
             # ~60 us, a twentieth of a small model's decode step)
             ids, counts = token_counts(history, p.repeat_last_n)
             x = apply_penalties(x, ids, counts, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
-        if not np.isfinite(x.max()):
+        if x is not x0:                    # the filters return their input when they change nothing
+            top = x.max()
+        if not np.isfinite(top):
             raise ValueError("no token is left to sample: logit_bias bans every token")
         if self.is_greedy:
             return x

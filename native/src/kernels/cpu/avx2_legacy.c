@@ -287,3 +287,175 @@ void strata_avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t xs
 void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q8_0, n, w, x, xs, nc, y);
 }
+
+/* ---------------------------------------------------------------- several rows at once
+ *
+ * quant.h's rows kernel for products of QR_MIN_COLS or more columns. ql_vec_dot_n pays, per column
+ * and group of 8 blocks, a transpose-reduction (14 shuffles and 7 adds; Q4 in 16 bits) to bring
+ * each block's exact sum into its lane. Here both operands go across the lanes instead: the codes
+ * of a group are transposed so that int32 lane j of vector i holds codes 4i..4i+3 of block j, the
+ * activations once per call (for every row) and a row's weights once per group (for every
+ * column). Eight maddubs (Q8_0: with the sign moved, as in q8_dot_s8) and their sums then leave
+ * block j's exact sum in lane j with no reduction at all. The float part is ql_terms' and
+ * q8_apply's, in the same order. A row's partial last group is the group of its last 8 blocks
+ * rotated to the lanes of its new blocks, as q8_rotate does (a half group of 4 rotates its lanes
+ * < rem to the same blocks): the results are vec_dot's bit for bit. */
+enum {
+    QR_MIN_COLS = 4,       /* below this the weights' transpose costs more than the reductions it saves */
+    QR_SCRATCH = 64 << 10  /* the transposed activations of a call (longer rows take fewer columns at once) */
+};
+
+/* The 8 x 8 transpose of 32-bit units: lane j of out[i] = lane i of in[j]. */
+static inline void qr_transpose8(const __m256i in[8], __m256i out[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        out[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+        out[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+    }
+}
+
+typedef struct {
+    __m256i q[8]; /* lane j of q[i] = codes 4i..4i+3 of block j */
+    __m256 d;     /* lane j = block j's scale */
+    __m256i sum;  /* lane j = block j's code sum (formats with an offset or a min) */
+} qr_group;
+
+/* Group g of a row of nb blocks starts at block 8g; with a partial last group (nb % 8), group ng
+ * is the row's last 8 blocks. */
+static inline int64_t qr_first(int64_t g, int64_t ng, int64_t nb) { return g < ng ? 8 * g : nb - 8; }
+
+/* Columns c0..c0+nc-1, ngt groups each, into xs[c * ngt + g]. */
+static void qr_acts(const void *x, size_t x_stride, int c0, int nc, int64_t ng, int64_t ngt, int64_t nb,
+                    qr_group *xs) {
+    for (int c = 0; c < nc; c++) {
+        const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
+        for (int64_t g = 0; g < ngt; g++) {
+            const act_q8_32 *ag = a + qr_first(g, ng, nb);
+            __m256i in[8];
+            for (int j = 0; j < 8; j++) in[j] = _mm256_loadu_si256((const __m256i *)ag[j].qs);
+            qr_group *o = &xs[(int64_t)c * ngt + g];
+            qr_transpose8(in, o->q);
+            q8_act_ds8(ag, NULL, 0, 1, &o->d, &o->sum);
+        }
+    }
+}
+
+/* Lane j = block j's exact sum of code x activation products, w[] the transposed codes (Q8_0: q
+ * itself) of a group, x[] the column's. 16-bit sums where they cannot overflow: Q4 codes <= 15 keep
+ * 8 pair sums within 8 * 2 * 15 * 127 = 30480, Q5 codes <= 31 four of them within 31496. */
+static inline __m256i qr_sums(qlfmt f, const __m256i w[8], const __m256i wu[8], const __m256i x[8]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (f == QL_Q8_0) {
+        __m256i s = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i++) s = _mm256_add_epi32(s, q8_dot_s8(wu[i], w[i], x[i]));
+        return s;
+    }
+    if (f == QL_Q4_0 || f == QL_Q4_1) {
+        __m256i h = _mm256_maddubs_epi16(w[0], x[0]);
+        for (int i = 1; i < 8; i++) h = _mm256_add_epi16(h, _mm256_maddubs_epi16(w[i], x[i]));
+        return _mm256_madd_epi16(h, ones);
+    }
+    __m256i h0 = _mm256_maddubs_epi16(w[0], x[0]), h1 = _mm256_maddubs_epi16(w[4], x[4]);
+    for (int i = 1; i < 4; i++) {
+        h0 = _mm256_add_epi16(h0, _mm256_maddubs_epi16(w[i], x[i]));
+        h1 = _mm256_add_epi16(h1, _mm256_maddubs_epi16(w[4 + i], x[4 + i]));
+    }
+    return _mm256_add_epi32(_mm256_madd_epi16(h0, ones), _mm256_madd_epi16(h1, ones));
+}
+
+static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                           size_t x_stride, int ncols, float *y, int64_t ldy) {
+    const int64_t nb = n / 32, ng = nb / 8;
+    const int rem = (int)(nb % 8);
+    const int64_t ngt = ng + (rem != 0);
+    int cpc = ng ? (int)(QR_SCRATCH / (ngt * (int64_t)sizeof(qr_group))) : 0;
+    if (cpc > QL_MAX_COLS) cpc = QL_MAX_COLS;
+    if (ncols < QR_MIN_COLS || cpc < QR_MIN_COLS) {
+        float t[QL_MAX_COLS];
+        for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
+            const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
+            for (int64_t r = 0; r < nrows; r++) {
+                ql_vec_dot(f, n, (const char *)w + (size_t)r * w_row, (const char *)x + (size_t)c0 * x_stride, x_stride,
+                           nc, t);
+                for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = t[c];
+            }
+        }
+        return;
+    }
+    const int ts = ql_ts(f), two = ql_has_min(f), off = ql_offset(f);
+    /* the partial group adds to lanes < rem only, once q8_rotate has moved its new blocks there */
+    const __m256 keep = q8_lane_mask(rem);
+    _Alignas(32) qr_group xs[QR_SCRATCH / sizeof(qr_group)];
+    for (int c0 = 0; c0 < ncols; c0 += cpc) {
+        const int nc = ncols - c0 < cpc ? ncols - c0 : cpc;
+        qr_acts(x, x_stride, c0, nc, ng, ngt, nb, xs);
+        for (int64_t r = 0; r < nrows; r++) {
+            const uint8_t *wp = (const uint8_t *)w + (size_t)r * w_row;
+            __m256 acc[QL_MAX_COLS];
+            for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+            for (int64_t g = 0; g < ngt; g++) {
+                const uint8_t *p = wp + qr_first(g, ng, nb) * ts;
+                __m256i in[8], wt[8], wu[8];
+                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, p + j * ts);
+                qr_transpose8(in, wt);
+                if (f == QL_Q8_0)
+                    for (int i = 0; i < 8; i++) wu[i] = _mm256_abs_epi8(wt[i]); /* -128 -> 0x80, i.e. 128 unsigned */
+                __m256 d, m;
+                ql_scales(f, 8, p, NULL, &d, &m);
+                for (int c = 0; c < nc; c++) {
+                    const qr_group *xg = &xs[(int64_t)c * ngt + g];
+                    __m256i sumi = qr_sums(f, wt, wu, xg->q);
+                    /* ql_terms' float terms, then q8_rotate for the partial group, and q8_apply */
+                    if (off) sumi = _mm256_sub_epi32(sumi, _mm256_mullo_epi32(xg->sum, _mm256_set1_epi32(off)));
+                    q8_terms t;
+                    t.a0 = _mm256_mul_ps(d, xg->d);
+                    t.b0 = _mm256_cvtepi32_ps(sumi);
+                    if (two) {
+                        t.a1 = _mm256_mul_ps(m, xg->d);
+                        t.b1 = _mm256_cvtepi32_ps(xg->sum);
+                    } else {
+                        t.a1 = t.b1 = _mm256_setzero_ps();
+                    }
+                    if (g < ng) {
+                        acc[c] = q8_apply(t, two, acc[c]);
+                        continue;
+                    }
+                    t = q8_rotate(t, two, rem, 8);
+                    acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
+                }
+            }
+            for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r] = strata_hsum8_avx2(acc[c]);
+        }
+    }
+}
+
+void strata_avx2_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy) {
+    qr_rows(QL_Q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy) {
+    qr_rows(QL_Q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy) {
+    qr_rows(QL_Q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy) {
+    qr_rows(QL_Q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+void strata_avx2_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy) {
+    qr_rows(QL_Q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}

@@ -16,6 +16,17 @@ void strata_avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x, size_t x_
 void strata_avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
 void strata_avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
 void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t x_stride, int ncols, float *y);
+/* quant.h strata_rows_fn: vec_dot's results for nrows rows at once (products of several columns) */
+void strata_avx2_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy);
+void strata_avx2_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+                           int ncols, float *y, int64_t ldy);
 #endif
 
 #endif

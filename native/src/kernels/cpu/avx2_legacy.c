@@ -331,7 +331,9 @@ typedef struct {
 } qr_group;
 
 /* Group g of a row of nb blocks starts at block 8g; with a partial last group (nb % 8), group ng
- * is the row's last 8 blocks. */
+ * is the row's last 8 blocks. A row shorter than 8 blocks is one group read through tables whose
+ * missing blocks are q8_zero_block / q8_zero_act (q8_partial_w, q8_partial_a), as ql_vec_dot_n
+ * reads it. */
 static inline int64_t qr_first(int64_t g, int64_t ng, int64_t nb) { return g < ng ? 8 * g : nb - 8; }
 
 /* Columns c0..c0+nc-1, ngt groups each, into xs[c * ngt + g]. */
@@ -339,13 +341,15 @@ static void qr_acts(const void *x, size_t x_stride, int c0, int nc, int64_t ng, 
                     qr_group *xs) {
     for (int c = 0; c < nc; c++) {
         const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
+        const act_q8_32 *ak[16]; /* a short row's table (ng == 0) */
+        q8_partial_a(a, ng ? 0 : (int)nb, ak);
         for (int64_t g = 0; g < ngt; g++) {
-            const act_q8_32 *ag = a + qr_first(g, ng, nb);
+            const act_q8_32 *ag = ng ? a + qr_first(g, ng, nb) : a;
             __m256i in[8];
-            for (int j = 0; j < 8; j++) in[j] = _mm256_loadu_si256((const __m256i *)ag[j].qs);
+            for (int j = 0; j < 8; j++) in[j] = _mm256_loadu_si256((const __m256i *)q8_act_blk(ag, j, ng ? NULL : ak)->qs);
             qr_group *o = &xs[(int64_t)c * ngt + g];
             qr_transpose8(in, o->q);
-            q8_act_ds8(ag, NULL, 0, 1, &o->d, &o->sum);
+            q8_act_ds8(ag, ng ? NULL : ak, 0, 1, &o->d, &o->sum);
         }
     }
 }
@@ -378,7 +382,7 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
     const int64_t nb = n / 32, ng = nb / 8;
     const int rem = (int)(nb % 8);
     const int64_t ngt = ng + (rem != 0);
-    int cpc = ng ? (int)(QR_SCRATCH / (ngt * (int64_t)sizeof(qr_group))) : 0;
+    int cpc = ngt ? (int)(QR_SCRATCH / (ngt * (int64_t)sizeof(qr_group))) : 0;
     if (cpc > QL_MAX_COLS) cpc = QL_MAX_COLS;
     if (ncols < QR_MIN_COLS || cpc < QR_MIN_COLS) {
         float t[QL_MAX_COLS];
@@ -401,17 +405,19 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
         qr_acts(x, x_stride, c0, nc, ng, ngt, nb, xs);
         for (int64_t r = 0; r < nrows; r++) {
             const uint8_t *wp = (const uint8_t *)w + (size_t)r * w_row;
+            const uint8_t *wk[8]; /* a short row's table (ng == 0) */
+            q8_partial_w(wp, ts, ng ? 0 : rem, wk);
             __m256 acc[QL_MAX_COLS];
             for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
             for (int64_t g = 0; g < ngt; g++) {
-                const uint8_t *p = wp + qr_first(g, ng, nb) * ts;
+                const uint8_t *p = ng ? wp + qr_first(g, ng, nb) * ts : wp;
                 __m256i in[8], wt[8], wu[8];
-                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, p + j * ts);
+                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, q8_blk(p, ts, j, ng ? NULL : wk));
                 qr_transpose8(in, wt);
                 if (f == QL_Q8_0)
                     for (int i = 0; i < 8; i++) wu[i] = _mm256_abs_epi8(wt[i]); /* -128 -> 0x80, i.e. 128 unsigned */
                 __m256 d, m;
-                ql_scales(f, 8, p, NULL, &d, &m);
+                ql_scales(f, 8, p, ng ? NULL : wk, &d, &m);
                 for (int c = 0; c < nc; c++) {
                     const qr_group *xg = &xs[(int64_t)c * ngt + g];
                     __m256i sumi = qr_sums(f, wt, wu, xg->q);
@@ -430,7 +436,7 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
                         acc[c] = q8_apply(t, two, acc[c]);
                         continue;
                     }
-                    t = q8_rotate(t, two, rem, 8);
+                    if (ng) t = q8_rotate(t, two, rem, 8);   /* a short row's blocks are in their lanes */
                     acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
                 }
             }

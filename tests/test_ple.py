@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from pyrunner import models, ple
+from pyrunner._native import ffi, lib
 from pyrunner.cli import main as cli
 from pyrunner.convert import ConvertError, convert
 from pyrunner.model import Model
@@ -142,6 +143,43 @@ def test_a_repeated_token_hits_the_row_cache(tiny):
     assert first["cache_lookups"] == again["cache_lookups"] == 12
     assert again["cache_hits"] == 12 and again["miss_pages"] == 0 and again["miss_sectors"] == 0
     assert first["cache_hits"] < 12 and again["floor_pages"] == first["floor_pages"]
+
+
+def test_a_batched_step_gathers_once_and_shares_its_counters(tiny):
+    """Several sequences in one strata_batch_eval make one gather on the PLE worker (issue 18): each
+    session's rows, tokens and steps are its own, and the shared counters (lookups, hits, floors,
+    bytes) add up over the sessions to the step's. The logits are those of each one alone."""
+    V, steps = None, [np.array(x, np.int32) for x in ([3, 4, 5], [9], [9, 10], [11])]
+    with Model(tiny, threads=1, n_ctx=64) as m:
+        V = m.n_vocab
+        NH = ple.model_info(m)["heads"]
+        alone, batched = [m.session() for _ in steps], [m.session() for _ in steps]
+        ref = [np.empty(V, np.float32) for _ in steps]
+        out = [np.empty(V, np.float32) for _ in steps]
+        for s, ids, o in zip(alone, steps, ref):
+            m.eval_batch([(s, ids, 0, o, None)])
+        lib.strata_trace_enable(1, 4096)
+        try:
+            m.eval_batch([(s, ids, 0, o, None) for s, ids, o in zip(batched, steps, out)])
+            buf = ffi.new("strata_trace_event[]", 4096)
+            kinds = [ffi.string(lib.strata_trace_kind_name(buf[i].kind)).decode()
+                     for i in range(lib.strata_trace_drain(buf, 4096))]
+        finally:
+            lib.strata_trace_enable(0, 0)
+        got = [s.stats() for s in batched]
+        assert kinds.count("ple_gather") == 1 and kinds.count("ple_wait") == 1
+        solo = [s.stats() for s in alone]
+    for a, b in zip(ref, out):
+        assert np.array_equal(a, b)
+    for ids, g, o in zip(steps, got, solo):
+        ph = "prefill" if ids.size > 1 else "decode"
+        assert g[f"ple_{ph}_steps"] == o[f"ple_{ph}_steps"] == 1
+        assert g[f"ple_{ph}_tokens"] == ids.size and g["ple_rows"] == o["ple_rows"] == ids.size * NH
+    # the one gather's lookups are every row's; shared out, they add up to it exactly
+    assert sum(g["ple_prefill_cache_lookups"] + g["ple_decode_cache_lookups"] for g in got) == \
+        sum(ids.size for ids in steps) * NH
+    total_pages = sum(g["ple_prefill_floor_pages"] + g["ple_decode_floor_pages"] for g in got)
+    assert 0 < total_pages <= sum(o["ple_prefill_floor_pages"] + o["ple_decode_floor_pages"] for o in solo)
 
 
 def test_row_cache_off_keeps_the_counters_and_logits(tiny, reference):

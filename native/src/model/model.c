@@ -201,16 +201,17 @@ typedef struct {
 static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, float *c) {
     strata_session *ss[STRATA_BATCH_MAX];   /* strata_batch_eval checked n */
     int64_t Ls[STRATA_BATCH_MAX];
-    for (int i = 0; i < n; i++) { ss[i] = q[i].s; Ls[i] = q[i].L; }
+    const int32_t *ids[STRATA_BATCH_MAX];
+    for (int i = 0; i < n; i++) { ss[i] = q[i].s; Ls[i] = q[i].L; ids[i] = q[i].ids; }
     strata_session *s0 = q[0].s;
     const strata_model *m = s0->m;
     const mdl_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
     const int64_t R = q[n - 1].r0 + q[n - 1].L;
     strata_status rc;
-    /* the PLE worker hashes and gathers the first sequence's rows while the embeddings and layer 0 run
-     * (it holds one step at a time: the others submit when their PLE layer comes) */
-    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(s0, q[0].ids, q[0].L))) return rc;
+    /* the PLE worker hashes and gathers every sequence's rows while the embeddings and the layers
+     * before the PLE's run */
+    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
     for (int i = 0; i < n; i++)
         for (int64_t t = 0; t < q[i].L; t++) {
             float *xt = X + (q[i].r0 + t) * W;
@@ -230,8 +231,7 @@ static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, fl
         if (l->has_ple) {
             wd->part = "PLE";
             if (tr) t_p = trc_now();
-            for (int i = 0; i < n; i++)
-                if ((rc = mdl_ple(q[i].s, il, q[i].ids, q[i].L, X + q[i].r0 * W))) return rc;
+            if ((rc = mdl_ple(ss, ids, Ls, n, il, X))) return rc;
             if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, R, 0);
             wd_beat();
         }

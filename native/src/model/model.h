@@ -256,11 +256,14 @@ strata_status mdl_qsa_multi(strata_session *const *ss, const int64_t *Ls, int n,
 strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
                          float *y);
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
-/* Adds PLE(X) to the streams X[L x hc*E] of s's tokens ids[0..L). */
-strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, float *X);
+/* Adds PLE(X) to the streams of n sequences' tokens: sequence i's ids[i][0..Ls[i]) at its rows of
+ * X[sum Ls x hc*E], one after the other. One gather serves them all; the key and value products run
+ * over all the rows; the gate and conv on each one's own state. */
+strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n, int il,
+                      float *X);
 /* Optional: hands the step's n-gram gather to the PLE worker early (call it before layer 0 so
  * the gather overlaps it); mdl_ple submits itself when this was not called. */
-strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L);
+strata_status mdl_ple_submit(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n);
 /* ple_layer.c, called by load.c: binds the table (GGUF tensor or strata.ple_external packed file),
  * opens the access layer and starts the worker; closes them. */
 strata_status mdl_ple_bind(strata_model *m);

@@ -299,102 +299,69 @@ static void add_result(strata_ple_stats *st, ple_worker *w, int64_t L) {
     memset(a, 0, sizeof *a);
 }
 
-/* The step submitted on this thread and not yet consumed by mdl_ple (a forward runs on one thread and
- * one step at a time). If forward() calls mdl_ple_submit before layer 0, the gather overlaps it. */
-static _Thread_local struct { const strata_session *s; uint64_t seq; int64_t L; } pending;
+/* Adds to st the share of one batched step's measurements `all` that falls to tokens [t0, t1) of its T:
+ * a counter's share is v*t1/T - v*t0/T, so the sequences' shares add up to the step's exactly. (The
+ * rows, floors and bytes of one gather are not the sum of per-sequence gathers; they are shared out by
+ * tokens.) The step counts once for every sequence in it. */
+static void add_share(strata_ple_stats *st, const strata_ple_stats *all, uint64_t t0, uint64_t t1, uint64_t T) {
+#define SHARE_U(f) st->f += (uint64_t)(((unsigned __int128)all->f * t1) / T - ((unsigned __int128)all->f * t0) / T)
+#define SHARE_D(f) st->f += all->f * (double)(t1 - t0) / (double)T
+    st->steps += all->steps;
+    SHARE_U(tokens); SHARE_U(rows); SHARE_U(read_bytes); SHARE_U(major_faults); SHARE_U(minor_faults);
+    SHARE_U(prefetch_pages); SHARE_U(cache_lookups); SHARE_U(cache_hits); SHARE_U(cache_hit_bytes);
+    SHARE_U(floor_pages); SHARE_U(floor_sectors); SHARE_U(miss_pages); SHARE_U(miss_sectors); SHARE_U(warm_rows);
+    SHARE_D(hash_s); SHARE_D(prefetch_s); SHARE_D(gather_s); SHARE_D(copy_s); SHARE_D(wait_s); SHARE_D(dequant_s);
+#undef SHARE_U
+#undef SHARE_D
+}
 
-strata_status mdl_ple_submit(strata_session *s, const int32_t *ids, int64_t L) {
-    struct mdl_ple_engine *e = s->m->ple;
+/* The step submitted on this thread and not yet consumed by mdl_ple (a forward runs on one thread and
+ * one step at a time): its owner (the first session), sequences and tokens. If forward() calls
+ * mdl_ple_submit before layer 0, the gather overlaps the embeddings and the layers before the PLE's. */
+static _Thread_local struct { const strata_session *s; uint64_t seq; int n; int64_t R; } pending;
+
+strata_status mdl_ple_submit(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n) {
+    struct mdl_ple_engine *e = ss[0]->m->ple;
     if (!e) return STRATA_OK;
     if (pending.s) {                   /* submitted, then the step failed before mdl_ple: free the channel */
         ple_release(&e->worker, pending.s);
         pending.s = NULL;
     }
-    const int64_t n = s->m->hp.ple_n;
-    int32_t *h = malloc((size_t)(n - 1 + L) * sizeof(int32_t));
-    if (!h) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for %lld ids", (long long)L);
-    memcpy(h, s->ple_ctx, (size_t)(n - 1) * sizeof(int32_t));
-    memcpy(h + n - 1, ids, (size_t)L * sizeof(int32_t));
+    const int64_t k = ss[0]->m->hp.ple_n - 1;
+    int64_t R = 0;
+    for (int i = 0; i < n; i++) R += Ls[i];
+    int32_t *h = malloc((size_t)(k * n + R) * sizeof(int32_t));
+    if (!h) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for %lld ids", (long long)R);
+    int32_t *p = h;
+    for (int i = 0; i < n; i++) {          /* each sequence: its context, then its ids */
+        memcpy(p, ss[i]->ple_ctx, (size_t)k * sizeof(int32_t));
+        memcpy(p + k, ids[i], (size_t)Ls[i] * sizeof(int32_t));
+        p += k + Ls[i];
+    }
     uint64_t seq;
-    strata_status rc = ple_submit(&e->worker, s, h, L, &seq);
+    strata_status rc = ple_submit_segs(&e->worker, ss[0], h, Ls, n, &seq);
     free(h);
     if (rc) return rc;
-    pending.s = s;
+    pending.s = ss[0];
     pending.seq = seq;
-    pending.L = L;
+    pending.n = n;
+    pending.R = R;
     return STRATA_OK;
 }
 
-strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, float *X) {
-    const strata_model *m = s->m;
-    const mdl_hparams *hp = &m->hp;
-    const mdl_layer *l = &m->layers[il];
-    struct mdl_ple_engine *pe = m->ple;
+/* One sequence's gate and conv (the part of the layer on its own state): X, gv, key, val, qry are its
+ * L rows. */
+static void ple_mix(strata_session *s, const mdl_layer *l, int64_t L, const float *key, const float *val,
+                    float *X, float *gv, float *ext, float *qry) {
+    const mdl_hparams *hp = &s->m->hp;
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, n = hp->ple_n, Kp = hp->ple_kp;
-    const int64_t NH = (n - 1) * hp->ple_heads_per, dP = hp->ple_row_dim, hist = (Kp - 1) * n;
-    strata_status rc = STRATA_OK;
-    if (!(pending.s == s && pending.L == L) && (rc = mdl_ple_submit(s, ids, L))) return rc;
-    const uint64_t seq = pending.seq;
-    pending.s = NULL;
-    float *emb = malloc((size_t)(L * E) * sizeof(float));
-    float *key = malloc((size_t)(L * W) * sizeof(float));
-    float *val = malloc((size_t)(L * E) * sizeof(float));
-    float *gv = malloc((size_t)(L * W) * sizeof(float));
-    float *ext = malloc((size_t)((hist + L) * W) * sizeof(float));
-    float *qry = malloc((size_t)W * sizeof(float));
-    strata_ple_stats *st = &s->ple_stats[L > 1 ? 0 : 1];
-    double wait_s = 0;
-    rc = ple_wait(&pe->worker, seq, &wait_s);
-    st->wait_s += wait_s;
-    if (!rc && (!emb || !key || !val || !gv || !ext || !qry))
-        rc = strata_fail(STRATA_ERR_NOMEM, "PLE layer %d: no memory for %lld tokens", il, (long long)L);
-    if (rc) {
-        ple_release(&pe->worker, s);
-        goto done;
-    }
-    {
-        add_result(st, &pe->worker, L);
-        /* the cpu device dequantizes the packed rows here (t-major, head-minor, as the worker laid them) */
-        const double t0 = ple_now();
-        const uint8_t *buf = pe->worker.buf;
-        const size_t rb = m->ple_table_row;
-        for (int64_t i = 0; i < L * NH; i++) {
-            float *dst = emb + (i / NH) * E + (i % NH) * dP;
-            if (pe->external) {
-                int64_t sh = (int64_t)(pe->worker.rows[i] / (uint64_t)pe->shard_rows);
-                if (sh >= pe->n_shard) sh = pe->n_shard - 1;
-                ple_nvfp4_row(buf + (size_t)i * rb, dst, dP, pe->gscale[sh]);
-            }
-            else m->ple_table_t->dequant[0]((const char *)buf + (size_t)i * rb, dst, dP);
-        }
-        st->dequant_s += ple_now() - t0;
-    }
-    ple_release(&pe->worker, s);
-    {
-        /* the context becomes the last n-1 ids of (old context, ids) */
-        int32_t h[MDL_MAX_NGRAM * 2];
-        int64_t k = 0;
-        for (int64_t i = 0; i < n - 1; i++) h[k++] = s->ple_ctx[i];
-        const int64_t take = L < n - 1 ? L : n - 1;
-        for (int64_t i = L - take; i < L; i++) h[k++] = ids[i];
-        memcpy(s->ple_ctx, h + k - (n - 1), (size_t)(n - 1) * sizeof(int32_t));
-        if (mdl_spec_active(s))   /* a verify window: the ids after each token, for rollback (spec.c) */
-            for (int64_t t = 0; t < L; t++) {
-                int32_t *dst = s->ple_ctx_slots + t * MDL_MAX_NGRAM;
-                for (int64_t i = 0; i < n - 1; i++) {
-                    const int64_t j = t + 1 + i;   /* in (old context = h[0, n-1), ids) */
-                    dst[i] = j < n - 1 ? h[j] : ids[j - (n - 1)];
-                }
-            }
-    }
-    if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, L, key))) goto done;
-    if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, L, val))) goto done;
+    const int64_t hist = (Kp - 1) * n;
     const float inv_sqrt_e = 1.0f / sqrtf((float)E);
     float *gvn = ext + hist * W;
     memcpy(ext, s->ple_conv, (size_t)(hist * W) * sizeof(float));
     for (int64_t t = 0; t < L; t++) {
-        float *kt = key + t * W, *gt = gv + t * W;
-        mdl_group_rmsnorm(kt, l->ple_norm_key, hc, E, hp->eps, kt);
+        const float *kt = key + t * W;
+        float *gt = gv + t * W;
         mdl_group_rmsnorm(X + t * W, l->ple_norm_query, hc, E, hp->eps, qry);
         for (int64_t j = 0; j < hc; j++) {
             float d = 0.0f;
@@ -420,6 +387,88 @@ strata_status mdl_ple(strata_session *s, int il, const int32_t *ids, int64_t L, 
     if (mdl_spec_active(s))
         for (int64_t t = 0; t < L; t++)
             memcpy(s->ple_conv_slots + t * hist * W, ext + (t + 1) * W, (size_t)(hist * W) * sizeof(float));
+}
+
+/* The context becomes the last n-1 ids of (old context, ids); a verify window keeps the ids after
+ * each token, for rollback (spec.c). */
+static void ple_advance(strata_session *s, const int32_t *ids, int64_t L) {
+    const int64_t n = s->m->hp.ple_n;
+    int32_t h[MDL_MAX_NGRAM * 2];
+    int64_t k = 0;
+    for (int64_t i = 0; i < n - 1; i++) h[k++] = s->ple_ctx[i];
+    const int64_t take = L < n - 1 ? L : n - 1;
+    for (int64_t i = L - take; i < L; i++) h[k++] = ids[i];
+    memcpy(s->ple_ctx, h + k - (n - 1), (size_t)(n - 1) * sizeof(int32_t));
+    if (mdl_spec_active(s))
+        for (int64_t t = 0; t < L; t++) {
+            int32_t *dst = s->ple_ctx_slots + t * MDL_MAX_NGRAM;
+            for (int64_t i = 0; i < n - 1; i++) {
+                const int64_t j = t + 1 + i;   /* in (old context = h[0, n-1), ids) */
+                dst[i] = j < n - 1 ? h[j] : ids[j - (n - 1)];
+            }
+        }
+}
+
+strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n, int il,
+                      float *X) {
+    const strata_model *m = ss[0]->m;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    struct mdl_ple_engine *pe = m->ple;
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, Kp = hp->ple_kp;
+    const int64_t NH = (hp->ple_n - 1) * hp->ple_heads_per, dP = hp->ple_row_dim, hist = (Kp - 1) * hp->ple_n;
+    int64_t R = 0, Lmax = 0;
+    for (int i = 0; i < n; i++) {
+        R += Ls[i];
+        if (Ls[i] > Lmax) Lmax = Ls[i];
+    }
+    strata_status rc = STRATA_OK;
+    if (!(pending.s == ss[0] && pending.n == n && pending.R == R) && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
+    const uint64_t seq = pending.seq;
+    pending.s = NULL;
+    float *emb = malloc((size_t)(R * E) * sizeof(float));
+    float *key = malloc((size_t)(R * W) * sizeof(float));
+    float *val = malloc((size_t)(R * E) * sizeof(float));
+    float *gv = malloc((size_t)(Lmax * W) * sizeof(float));
+    float *ext = malloc((size_t)((hist + Lmax) * W) * sizeof(float));
+    float *qry = malloc((size_t)W * sizeof(float));
+    strata_ple_stats all;
+    memset(&all, 0, sizeof all);
+    rc = ple_wait(&pe->worker, seq, &all.wait_s);
+    if (!rc && (!emb || !key || !val || !gv || !ext || !qry))
+        rc = strata_fail(STRATA_ERR_NOMEM, "PLE layer %d: no memory for %lld tokens", il, (long long)R);
+    if (rc) {
+        ple_release(&pe->worker, ss[0]);
+        goto done;
+    }
+    add_result(&all, &pe->worker, R);
+    {
+        /* the cpu device dequantizes the packed rows here (t-major, head-minor, as the worker laid them) */
+        const double t0 = ple_now();
+        const uint8_t *buf = pe->worker.buf;
+        const size_t rb = m->ple_table_row;
+        for (int64_t i = 0; i < R * NH; i++) {
+            float *dst = emb + (i / NH) * E + (i % NH) * dP;
+            if (pe->external) {
+                int64_t sh = (int64_t)(pe->worker.rows[i] / (uint64_t)pe->shard_rows);
+                if (sh >= pe->n_shard) sh = pe->n_shard - 1;
+                ple_nvfp4_row(buf + (size_t)i * rb, dst, dP, pe->gscale[sh]);
+            }
+            else m->ple_table_t->dequant[0]((const char *)buf + (size_t)i * rb, dst, dP);
+        }
+        all.dequant_s += ple_now() - t0;
+    }
+    ple_release(&pe->worker, ss[0]);
+    for (int64_t i = 0, t0 = 0; i < n; t0 += Ls[i], i++) {
+        add_share(&ss[i]->ple_stats[Ls[i] > 1 ? 0 : 1], &all, (uint64_t)t0, (uint64_t)(t0 + Ls[i]), (uint64_t)R);
+        ple_advance(ss[i], ids[i], Ls[i]);
+    }
+    /* the products over every sequence's rows at once; the rest on each one's own state */
+    if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, R, key))) goto done;
+    if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, R, val))) goto done;
+    for (int64_t t = 0; t < R; t++) mdl_group_rmsnorm(key + t * W, l->ple_norm_key, hc, E, hp->eps, key + t * W);
+    for (int64_t i = 0, r = 0; i < n; r += Ls[i], i++)
+        ple_mix(ss[i], l, Ls[i], key + r * W, val + r * E, X + r * W, gv, ext, qry);
 done:
     free(emb); free(key); free(val); free(gv); free(ext); free(qry);
     return rc;

@@ -86,6 +86,7 @@
 
 #define PLE_MAX_NGRAM 8
 #define PLE_MAX_HEADS 64
+#define PLE_MAX_SEGS STRATA_BATCH_MAX   /* sequences one step may gather for (a batched forward's) */
 #define PLE_PAGE 4096u
 #define PLE_SECTOR 512u
 #define PLE_BOUNCE (1u << 20)   /* bytes of O_DIRECT reads in flight at once (and of one read) at most */
@@ -223,8 +224,11 @@ typedef struct {
     int stop;
     _Atomic uint64_t req_seq, done_seq;
     /* request */
-    int32_t *hist;               /* [n-1 + alloc] */
-    int64_t n_tok;
+    int32_t *hist;               /* [(n-1) * PLE_MAX_SEGS + alloc]: n_seg segments back to back, each its
+                                    sequence's n-1 context ids then its seg_len new ids */
+    int64_t n_tok;               /* the sum of seg_len */
+    int n_seg;
+    int64_t seg_len[PLE_MAX_SEGS];
     int prefetch;
     int warm;                    /* a read-ahead step: fill the cache, no result for M (see above) */
     /* response */
@@ -257,6 +261,11 @@ void ple_worker_stop(ple_worker *w);
 /* Steps 1-2 for the `L` tokens at hist[n-1..) (hist: n-1 earlier ids, then the L ids; L <= cap).
  * Returns the step's seq in *seq. */
 strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq);
+/* The same for the n_seg sequences of one batched step: hist holds each one's n-1 context ids and then
+ * its Ls[i] new ids, one after the other (each Ls[i] <= the worker's cap); the rows come back in that
+ * order, t-major within each, in one buffer. */
+strata_status ple_submit_segs(ple_worker *w, const void *owner, const int32_t *hist, const int64_t *Ls, int n_seg,
+                              uint64_t *seq);
 /* A read-ahead step (warm, above) of hist's L tokens: only if the channel is free and the worker idle
  * (else returns 0 and does nothing); the channel is released before returning. 1: submitted. */
 int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64_t L);

@@ -692,7 +692,15 @@ static void do_step(ple_worker *w) {
     const double t0 = ple_now();
     const int tr = trc_on() && !w->warm;
     const uint64_t tt0 = tr ? trc_now() : 0;
-    ple_hash_rows(w->hash, w->hist, w->n_tok, w->rows);
+    {   /* each segment hashes over its own context */
+        const int32_t *h = w->hist;
+        uint64_t *rows = w->rows;
+        for (int i = 0; i < w->n_seg; i++) {
+            ple_hash_rows(w->hash, h, w->seg_len[i], rows);
+            h += w->hash->n - 1 + w->seg_len[i];
+            rows += w->seg_len[i] * w->n_heads;
+        }
+    }
     for (int64_t i = 0; i < n; i++)
         if (w->rows[i] >= (uint64_t)w->table->n_rows) {    /* load checked the heads; this is a bug guard */
             r->status = STRATA_ERR_INTERNAL;
@@ -766,7 +774,7 @@ static void *worker_main(void *arg) {
  * only while the worker is idle (done_seq == req_seq) by the thread that owns the channel. */
 static int grow(ple_worker *w, int64_t L) {
     if (L <= w->alloc) return 1;
-    int32_t *h = realloc(w->hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
+    int32_t *h = realloc(w->hist, (size_t)((w->hash->n - 1) * PLE_MAX_SEGS + L) * sizeof(int32_t));
     if (h) w->hist = h;
     uint64_t *r = realloc(w->rows, (size_t)(L * w->n_heads) * sizeof(uint64_t));
     if (r) w->rows = r;
@@ -858,8 +866,20 @@ static int step_prefetch(const ple_table *t, int64_t L) {
 }
 
 strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, int64_t L, uint64_t *seq) {
-    if (L > w->cap) return strata_fail(STRATA_ERR_INTERNAL, "PLE: a step of %lld tokens exceeds the gather buffers (%lld)",
-                                       (long long)L, (long long)w->cap);
+    return ple_submit_segs(w, owner, hist, &L, 1, seq);
+}
+
+strata_status ple_submit_segs(ple_worker *w, const void *owner, const int32_t *hist, const int64_t *Ls, int n_seg,
+                              uint64_t *seq) {
+    if (n_seg < 1 || n_seg > PLE_MAX_SEGS)
+        return strata_fail(STRATA_ERR_INTERNAL, "PLE: a step of %d sequences (1..%d)", n_seg, (int)PLE_MAX_SEGS);
+    int64_t L = 0;
+    for (int i = 0; i < n_seg; i++) {
+        if (Ls[i] > w->cap)
+            return strata_fail(STRATA_ERR_INTERNAL, "PLE: a step of %lld tokens exceeds the gather buffers (%lld)",
+                               (long long)Ls[i], (long long)w->cap);
+        L += Ls[i];
+    }
     const double deadline = ple_now() + w->timeout_s;
     pthread_mutex_lock(&w->mu);
     while (w->owner && w->owner != owner) {
@@ -899,8 +919,10 @@ strata_status ple_submit(ple_worker *w, const void *owner, const int32_t *hist, 
         return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory for the gather buffers of %lld tokens", (long long)L);
     }
     const int64_t n = w->hash->n;
-    memcpy(w->hist, hist, (size_t)(n - 1 + L) * sizeof(int32_t));
+    memcpy(w->hist, hist, (size_t)((n - 1) * n_seg + L) * sizeof(int32_t));
     w->n_tok = L;
+    w->n_seg = n_seg;
+    memcpy(w->seg_len, Ls, (size_t)n_seg * sizeof *Ls);
     w->prefetch = step_prefetch(w->table, L);
     w->warm = 0;
     pthread_mutex_lock(&w->mu);
@@ -924,6 +946,8 @@ int ple_submit_warm(ple_worker *w, const void *owner, const int32_t *hist, int64
     /* the channel is free and the worker idle; holding mu keeps both so while the request is written */
     memcpy(w->hist, hist, (size_t)(w->hash->n - 1 + L) * sizeof(int32_t));
     w->n_tok = L;
+    w->n_seg = 1;
+    w->seg_len[0] = L;
     w->prefetch = step_prefetch(w->table, L);
     w->warm = 1;
     atomic_store_explicit(&w->req_seq, prev + 1, memory_order_release);

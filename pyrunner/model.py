@@ -42,6 +42,12 @@ _STORE_KEYS = ("active", "ram_slots", "ram_bytes", "ram_lookups", "ram_hits", "r
                "prefetch_bytes", "prefetch_unused_experts", "prefetch_unused_bytes", "predicted", "predicted_right")
 
 
+def _buf(ctype: str, a: np.ndarray):
+    """A pointer to a contiguous array's data for a C call (ffi.from_buffer: a quarter of the cost of
+    a.ctypes.data, which a small model's decode step pays several times a token)."""
+    return ffi.from_buffer(ctype, a)
+
+
 def cache_policies() -> list[str]:
     """The replacement policies of the expert store's RAM slots (--cache-policy), the default first."""
     return ffi.string(lib.strata_cache_policies()).decode().split(",")
@@ -401,14 +407,14 @@ class Model:
         seqs = ffi.new("strata_batch_seq[]", max(1, len(items)))
         for e, (sess, ids32, flags, out, hid) in zip(seqs, items):
             e.session = sess._live()
-            e.ids = ffi.cast("const int32_t *", ids32.ctypes.data)
+            e.ids = _buf("int32_t[]", ids32)        # the arrays outlive the call: items holds them
             e.n_ids = ids32.size
             e.flags = flags
             if out is not None:
-                e.logits = ffi.cast("float *", out.ctypes.data)
+                e.logits = _buf("float[]", out)
                 e.logits_capacity = out.size
             if hid is not None:
-                e.hidden = ffi.cast("float *", hid.ctypes.data)
+                e.hidden = _buf("float[]", hid)
                 e.hidden_capacity = hid.size
         check(lib.strata_batch_eval(seqs, len(items)))
 
@@ -649,11 +655,13 @@ class Session:
         ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1))
         if ids.size == 0:
             raise ValueError("eval needs at least one token id")
-        if ids.min() < 0 or ids.max() >= self.model.n_vocab:
-            bad = int(ids[(ids < 0) | (ids >= self.model.n_vocab)][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.model.n_vocab - 1})")
-        ids32 = ids.astype(np.int32)
         V = self.model.n_vocab
+        vals = ids.tolist()
+        # a decode step's one to a few ids are checked in Python (numpy's min and max cost more there)
+        if (min(vals) < 0 or max(vals) >= V) if ids.size <= 64 else (ids.min() < 0 or ids.max() >= V):
+            bad = int(ids[(ids < 0) | (ids >= V)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{V - 1})")
+        ids32 = ids.astype(np.int32)
         out = np.empty((ids.size, V) if all_logits else (V,), dtype=np.float32)
         hid = np.empty((ids.size, self.model.n_hidden), dtype=np.float32) if hidden else None
         flags = (lib.STRATA_EVAL_ALL_LOGITS if all_logits else 0) | (lib.STRATA_EVAL_KEEP_STATES if keep_states else 0) \
@@ -664,9 +672,9 @@ class Session:
             if self.batcher is not None:       # pyrunner.engine: one forward with the other sequences' tokens
                 self.batcher.eval(self, ids32, flags, out, hid)
             else:
-                check(lib.strata_session_eval_ex(ptr, ffi.cast("const int32_t *", ids32.ctypes.data), ids.size,
-                                                 flags, ffi.cast("float *", out.ctypes.data), out.size,
-                                                 ffi.cast("float *", hid.ctypes.data) if hidden else ffi.NULL,
+                check(lib.strata_session_eval_ex(ptr, _buf("int32_t[]", ids32), ids.size, flags,
+                                                 _buf("float[]", out), out.size,
+                                                 _buf("float[]", hid) if hidden else ffi.NULL,
                                                  hid.size if hidden else 0))
         except StrataError as e:
             if e.status not in (lib.STRATA_ERR_INVALID_ARG, lib.STRATA_ERR_BUFFER_TOO_SMALL):
@@ -675,7 +683,7 @@ class Session:
         except BaseException:          # an interrupt inside the call
             self._unknown = True
             raise
-        self.tokens.extend(int(t) for t in ids)
+        self.tokens.extend(vals)
         self.logits = out[-1] if all_logits else out
         self.hidden = hid[-1] if hidden else None
         return (out, hid) if hidden else out
@@ -734,11 +742,9 @@ class Session:
         rows = n if all_rows else 1
         logits = np.empty((rows, m.n_vocab), dtype=np.float32)
         chain = np.empty((rows, m.n_hidden), dtype=np.float32)
-        check(lib.strata_session_mtp(ptr, ffi.cast("const float *", hid.ctypes.data),
-                                     ffi.cast("const int32_t *", ids32.ctypes.data), n, int(pos0),
+        check(lib.strata_session_mtp(ptr, _buf("float[]", hid), _buf("int32_t[]", ids32), n, int(pos0),
                                      lib.STRATA_EVAL_ALL_LOGITS if all_rows else 0,
-                                     ffi.cast("float *", logits.ctypes.data), logits.size,
-                                     ffi.cast("float *", chain.ctypes.data), chain.size))
+                                     _buf("float[]", logits), logits.size, _buf("float[]", chain), chain.size))
         return (logits, chain) if all_rows else (logits[0], chain[0])
 
 

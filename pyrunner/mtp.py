@@ -192,8 +192,11 @@ class MTPDecoder:
             self.rollback_s += time.perf_counter() - t0
             trace.since("mtp rollback", "mtp", t0, rejected=len(drafts) - a)
         self._last = (p, L, H)
-        # the next round's first draft: the MTP over the verified rows, each with its next token
-        self._extend(H[:a + 1], new, p)
+        # the next round's first draft is the MTP over the verified rows, each with its next token: they wait
+        # for the next window that drafts, which extends them first (so a plain step next, --mtp auto's k = 0,
+        # does not pay for the head, nor does the request's last window)
+        self._rows = ([H[i:i + 1] for i in range(a + 1)], new[:a], p, False)
+        self.draft_logits = self.chain = None
         return new
 
     def truncate(self, n_new: int) -> None:
@@ -215,7 +218,6 @@ class MTPDecoder:
         drafts may be worse for it, never wrong, since the verify window decides (on flash-small's
         held-out text, k = 2 took 0.55 of its drafts after the prompt's last 8 rows, 0.48 after all 256)."""
         sess = self.sess
-        p = sess.n_past
         if self._rows is not None and self._rows[3]:  # the prompt's: its last rows wait like plain steps'
             rows, nxt, p0, _ = self._rows
             rows = np.concatenate(rows)
@@ -227,10 +229,9 @@ class MTPDecoder:
             if len(rows) >= REFRESH_ROWS:
                 del rows[0], nxt[0]
                 self._rows = (rows, nxt, p0 + 1, False)
-        logits, hid = sess.eval([x], hidden=True)
-        row = hid.reshape(1, -1)
+        logits, row = sess.eval([x], hidden=True)     # row: (1, n_hidden)
         if self._rows is None:
-            self._rows = ([row], [], p, False)
+            self._rows = ([row], [], sess.n_past - 1, False)
         else:
             self._rows[0].append(row)
         self.draft_logits = self.chain = None         # stale now: the next round extends first
@@ -274,7 +275,8 @@ class DraftPolicy:
         (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
         the last ~20 of them; a surprise (below) keeps only FORGET of the old evidence and is followed by
         another probe at once, so a change of the text is followed within a few windows, even while the
-        current k drafts little or nothing);
+        current k drafts little or nothing; not while k = 0 runs and no other k could beat it with every
+        draft taken (_hopeful): then what the drafts' acceptance is cannot change the choice);
       - the time of a window by its k, its drafting, verify, rollback and extend all included (so on the
         offload paths, the missed experts its extra tokens touch): the current k's is the median of its
         last TIMES windows (one slow window does not move it; k = 0 is a plain step), and every other k's
@@ -285,8 +287,9 @@ class DraftPolicy:
 
     The current k changes only for a rate HYSTERESIS times better (no flapping between near ties). One
     window in so many probes another k (k_max, which measures every position's acceptance, and the least
-    recently measured in turn); the first window is plain (t_0), the second a probe at k_max. How many
-    windows lie between probes:
+    recently measured in turn); the first FIRST_PROBE windows are plain (t_0: the first decode step after a
+    prefill runs ~1.3x slow on flash-small, and a probe timed against it alone looks cheap), the next a
+    probe at k_max. How many windows lie between probes:
 
       - EXPLORE_MAX while no other k could beat the current one even with every draft taken (its window's
         k + 1 tokens short of HYSTERESIS times the current rate; k = 0 always could): such probes only
@@ -320,6 +323,7 @@ class DraftPolicy:
     CALM_START = 128
     BUDGET = 0.01
     EXPLORE_MAX = 256
+    FIRST_PROBE = 3
 
     def __init__(self, k_max: int = MTP_MAX_DEFAULT):
         if k_max < 1:
@@ -335,12 +339,15 @@ class DraftPolicy:
         self.cur = 0
         self.windows = 0
         self._probe_again = False
+        self._left = None                       # the k left at the last change, until the new k's first window
         self._probes_in_row = 0
         self._last_side = 0
         self._run = False                       # the current k's last window was a surprise
         self._last_probe = 0
         self._n_probes = 0
         self._rates = None
+        self._rates_inputs: tuple = ()         # _inputs() when the rates were computed
+        self._switch_to = None                  # the k the rates say to change to (HYSTERESIS), if any
         self._gap = self.EXPLORE                # _interval(), refreshed with the rates
         self._stale = 0
         self._moved = self.CALM_START - self.CALM  # window of the last surprise or change of k
@@ -350,11 +357,29 @@ class DraftPolicy:
 
     def _cached_rates(self) -> list:
         """rates(), recomputed when a window drafted or every few plain ones (a plain step of a small model
-        takes about a millisecond: the policy's own arithmetic should not be a share of it)."""
+        takes about a millisecond: the policy's own arithmetic should not be a share of it). While k = 0
+        runs, the plain windows between two drafting ones change only t_0, which scales every k's cost
+        alike (each is t_0 times its ratio): no decision moves with it (the rates' order, HYSTERESIS and
+        FAR compare ratios of rates, the probe gap's loss and budget both scale with t_0), so then the
+        rates are recomputed only when what else the decisions read has moved (_inputs())."""
         if self._rates is None or self._stale >= 8:
-            self._rates, self._stale = self.rates(), 0
-            self._gap = self._interval(self._rates)
+            inputs = self._inputs()
+            if self._rates is None or self.cur != 0 or inputs != self._rates_inputs:
+                self._rates = self.rates()
+                self._gap = self._interval(self._rates)
+                best = max(range(len(self._rates)), key=self._rates.__getitem__)
+                better = best != self.cur and self._rates[best] > self.HYSTERESIS * self._rates[self.cur]
+                self._switch_to = best if better else None
+                self._rates_inputs = inputs
+            self._stale = 0
         return self._rates
+
+    def _inputs(self) -> tuple:
+        """What the rates and the probe gap read besides the times and the acceptance (a drafting window
+        recomputes them anyway): the current k, the probes made, the first-windows and calm flags, whether
+        the current k was timed, when each other k was measured."""
+        return (self.cur, self._n_probes, self.windows > self.FIRST_PROBE, self.windows - self._moved < self.CALM,
+                self.t[self.cur] is None, tuple(s for j, s in enumerate(self.seen) if j != self.cur))
 
     def _probe_gap(self) -> int:
         """_interval() of the cached rates (both refreshed together)."""
@@ -364,7 +389,7 @@ class DraftPolicy:
     def _interval(self, rates: list) -> int:
         """Windows between probes (the class docstring): EXPLORE or EXPLORE_FAR while the text moves; once
         calm, as many as keep the next probe's expected loss within BUDGET of their time."""
-        if self.windows > 1 and not self._hopeful(rates):
+        if self.windows > self.FIRST_PROBE and not self._hopeful(rates):
             return self.EXPLORE_MAX
         others = max((r for j, r in enumerate(rates) if j != self.cur), default=0.0)
         far = rates[self.cur] > 0 and others < self.FAR * rates[self.cur]
@@ -383,8 +408,9 @@ class DraftPolicy:
         the k that were), every draft taken, would yield tokens HYSTERESIS times faster than the current
         rate (enough to be switched to), and k = 0 (a plain step needs no acceptance, and one slow plain
         window, e.g. the first after a prefill, must not rule it out). On flash-small a window of k drafts
-        costs ~1 + k plain steps, mostly LM heads, so no k > 0 can beat a plain step: probing them for
-        acceptance would only cost."""
+        costs more than k + 1 plain steps (a 2-core AVX2 host: ~3.4 at k = 1, ~5 at k = 3, the head's extend
+        over the waiting rows included), so no k > 0 can beat a plain step: probing them for acceptance
+        would only cost."""
         out = []
         for j in range(self.k_max + 1):
             c = self.cost(j)
@@ -393,8 +419,11 @@ class DraftPolicy:
         return out
 
     def _next_probe(self) -> int:
-        """The k the next probe runs: k_max and the least recently measured other k in turn."""
-        if self.cur != self.k_max and (self.windows <= 1 or (self._n_probes + 1) % 2):
+        """The k the next probe runs: k_max and the least recently measured other k in turn, and k_max first
+        after a change of k or of the text (the drafts past the current k's are the ones it no longer measures,
+        and their estimates are what the change left stale)."""
+        if self.cur != self.k_max and (self.windows <= self.FIRST_PROBE or (self._n_probes + 1) % 2
+                                       or self._last_probe < self._moved):
             return self.k_max
         return min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
 
@@ -467,18 +496,19 @@ class DraftPolicy:
         """k for the next window (at most k_cap: the context or max_tokens may leave room for fewer)."""
         cap = self.k_max if k_cap is None else max(0, min(int(k_cap), self.k_max))
         w = self.windows
-        if w == 0:
+        if w < self.FIRST_PROBE:
             k = 0
-        elif self._probe_again and self.cur != self.k_max:
+        elif self._probe_again and self.cur != self.k_max and (self.cur or len(self._hopeful(self._cached_rates()))):
             k = self.k_max
-        elif w == 1 or w - self._last_probe >= self._probe_gap():
+        elif w == self.FIRST_PROBE or w - self._last_probe >= self._probe_gap():
             k = self._next_probe()
             self._last_probe = w
             self._n_probes += 1
         else:
-            rates = self._cached_rates()
-            best = max(range(len(rates)), key=rates.__getitem__)
-            if best != self.cur and rates[best] > self.HYSTERESIS * rates[self.cur]:
+            self._cached_rates()
+            best = self._switch_to
+            if best is not None:
+                self._left = self.cur                 # observe(): the new k's first window, against the old k
                 self.cur = best
                 self._moved = w
                 self._rates = None                    # costs and the probe gap are the new k's now
@@ -515,18 +545,26 @@ class DraftPolicy:
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
         kk = proposed if proposed > 0 else 0
-        t_cur = self.t[self.cur]
-        if kk != self.cur and t_cur:                  # a probe, side by side with the current k
-            r = seconds / t_cur
-            base = self.ratio(self.cur)
-            j, rc = (self.cur, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
+        # side by side: a probe with the current k, and the first window after a change of k with the k it
+        # left (each against that k's median of the moment). Without the latter a change made on one lucky
+        # probe flaps: back at k = 0 that probe's ratio says the k left is better, while that k is current its
+        # own times against the plain steps' say it is not, and neither window adds a ratio to settle it
+        ref = self.cur if kk != self.cur else self._left
+        self._left = None
+        t_ref = None if ref is None else self.t[ref]
+        if kk != ref and t_ref:
+            r = seconds / t_ref
+            base = self.ratio(ref)
+            j, rc = (ref, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
             if rc is not None:
                 self._ratio[j].append(rc)
                 self._ratio_med[j] = statistics.median(self._ratio[j])
+                self._rates = None
         self._times[kk].append(seconds)
         self.seen[kk] = self.windows
         self._stale += 1
-        if proposed > 0 or self._stale >= 8 or self.t[kk] is None:
+        # and at each of the first FIRST_PROBE windows: the first probe is timed against their median
+        if proposed > 0 or self._stale >= 8 or self.t[kk] is None or self.windows <= self.FIRST_PROBE:
             self.t[kk] = statistics.median(self._times[kk])
             if proposed > 0:
                 self._rates = None

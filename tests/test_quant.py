@@ -311,7 +311,7 @@ def test_row_group_kernels_match_scalar(name, isa):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_legacy_several_column_rows_kernel(name, isa):
     """The 32-value formats' rows kernel for 4..16 columns (avx2_legacy.c qr_rows: codes transposed
-    across the lanes): rows shorter than a group (1..7 blocks, read through tables of zero blocks), every
+    across the lanes): rows shorter than a group (1..7 blocks: qr_short, rows across the lanes), every
     partial last group (rows of 8..23 blocks: 0..7 left after groups of 8),
     the activations taken in column chunks when a row is long (7,680 values: 7 columns at once) and
     the fallback to vec_dot when it is longer still (16,384 values); extreme codes (0xff, and 0x80,
@@ -321,6 +321,29 @@ def test_legacy_several_column_rows_kernel(name, isa):
     cases = [(5, 32 * b, n) for b in range(1, 24) for n in (4, 5, 8, 9)] + \
             [(3, 7680, 16), (2, 7680, 12), (2, 16384, 8), (9, 256, 16), (1, 2560, 6)]
     for i, (rows, cols, n) in enumerate(cases):
+        kind = KINDS[i % len(KINDS)]
+        data = make_blocks(name, rows * cols, kind, rng)
+        x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
+        a = quant.matmul(name, data, rows, cols, x, isa="scalar")
+        b = quant.matmul(name, data, rows, cols, x, isa=isa)
+        assert_bits_equal(a, b, f"{name} {isa} {kind} {rows}x{cols} n={n}")
+
+
+@pytest.mark.parametrize("isa", FAST_ISAS)
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_legacy_short_rows_kernel(name, isa):
+    """The 32-value formats' rows kernel for rows shorter than a group (avx2_legacy.c qr_short: eight
+    rows across the lanes; flash-small's hyper-connection up rows are one block) at one column (matmul's
+    SHORT1 case) and at 2, 3, 16 and 17 (columns in chunks of 16): rows of 1..7 blocks at every row
+    count 1..37 (whole and partial sets of 8 rows), and the rows of 8..16 blocks that matmul also hands
+    the rows kernel at one column (they take vec_dot), extreme codes included; bit for bit against the
+    scalar path."""
+    need_isa(isa)
+    rng = np.random.default_rng(seed(name, "short1"))
+    cases = [(r, 1 + (r * 3) % 7, (1, 2, 3, 16, 17)[r % 5]) for r in range(1, 38)] + \
+            [(1024, 1, 1), (64, 7, 1), (17, 8, 1), (9, 16, 1), (8, 12, 1)]
+    for i, (rows, blocks, n) in enumerate(cases):
+        cols = 32 * blocks
         kind = KINDS[i % len(KINDS)]
         data = make_blocks(name, rows * cols, kind, rng)
         x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])

@@ -330,10 +330,8 @@ typedef struct {
     __m256i sum;  /* lane j = block j's code sum (formats with an offset or a min) */
 } qr_group;
 
-/* Group g of a row of nb blocks starts at block 8g; with a partial last group (nb % 8), group ng
- * is the row's last 8 blocks. A row shorter than 8 blocks is one group read through tables whose
- * missing blocks are q8_zero_block / q8_zero_act (q8_partial_w, q8_partial_a), as ql_vec_dot_n
- * reads it. */
+/* Group g of a row of nb >= 8 blocks starts at block 8g; with a partial last group (nb % 8), group
+ * ng is the row's last 8 blocks. (Shorter rows take qr_short.) */
 static inline int64_t qr_first(int64_t g, int64_t ng, int64_t nb) { return g < ng ? 8 * g : nb - 8; }
 
 /* Columns c0..c0+nc-1, ngt groups each, into xs[c * ngt + g]. */
@@ -341,15 +339,13 @@ static void qr_acts(const void *x, size_t x_stride, int c0, int nc, int64_t ng, 
                     qr_group *xs) {
     for (int c = 0; c < nc; c++) {
         const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
-        const act_q8_32 *ak[16]; /* a short row's table (ng == 0) */
-        q8_partial_a(a, ng ? 0 : (int)nb, ak);
         for (int64_t g = 0; g < ngt; g++) {
-            const act_q8_32 *ag = ng ? a + qr_first(g, ng, nb) : a;
+            const act_q8_32 *ag = a + qr_first(g, ng, nb);
             __m256i in[8];
-            for (int j = 0; j < 8; j++) in[j] = _mm256_loadu_si256((const __m256i *)q8_act_blk(ag, j, ng ? NULL : ak)->qs);
+            for (int j = 0; j < 8; j++) in[j] = _mm256_loadu_si256((const __m256i *)ag[j].qs);
             qr_group *o = &xs[(int64_t)c * ngt + g];
             qr_transpose8(in, o->q);
-            q8_act_ds8(ag, ng ? NULL : ak, 0, 1, &o->d, &o->sum);
+            q8_act_ds8(ag, NULL, 0, 1, &o->d, &o->sum);
         }
     }
 }
@@ -377,11 +373,81 @@ static inline __m256i qr_sums(qlfmt f, const __m256i w[8], const __m256i wu[8], 
     return _mm256_add_epi32(_mm256_madd_epi16(h0, ones), _mm256_madd_epi16(h1, ones));
 }
 
+/* Rows shorter than a group (nb = 1..7 blocks: flash-small's 32-wide hyper-connection up rows are
+ * one block) against up to QL_MAX_COLS columns at a time, eight rows at a time with row r0 + j in
+ * lane j. Block k's codes of the eight rows are transposed as qr_rows transposes a group's blocks
+ * (once for every column), so dword i of a column's activation block, broadcast, meets dword i of
+ * every row at once and the sums need no reduction (vec_dot pays one full group's reduction and
+ * zero-block tables per row). Each row's float part is vec_dot's: block k's term fma(d_k dx_k,
+ * sumi_k, 0) (then the min's), 0 past the row, the eight added in strata_hsum8's order, so the
+ * results are vec_dot's bit for bit. */
+static void qr_short(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+                     size_t x_stride, int ncols, float *y, int64_t ldy) {
+    const int nb = (int)(n / 32), ts = ql_ts(f), two = ql_has_min(f), off = ql_offset(f);
+    const int rs = (int)w_row; /* < 8 blocks */
+    int64_t r0 = 0;
+    for (; r0 + 8 <= nrows; r0 += 8) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * w_row;
+        for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
+            const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
+            __m256 p[QL_MAX_COLS][8];
+            for (int c = 0; c < nc; c++)
+                for (int k = 0; k < 8; k++) p[c][k] = _mm256_setzero_ps();
+            for (int k = 0; k < nb; k++) {
+                const uint8_t *pk = wr + (size_t)k * ts; /* block k of row r0; row j's at pk + j * w_row */
+                __m256i in[8], wt[8], wu[8];
+                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, pk + (size_t)j * w_row);
+                qr_transpose8(in, wt);
+                if (f == QL_Q8_0)
+                    for (int i = 0; i < 8; i++) wu[i] = _mm256_abs_epi8(wt[i]); /* -128 -> 0x80, i.e. 128 unsigned */
+                const __m256 d = q8_load_f16x8(pk, rs, 0, NULL);
+                const __m256 m = two ? q8_load_f16x8(pk, rs, 2, NULL) : _mm256_setzero_ps();
+                for (int c = 0; c < nc; c++) {
+                    const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride) + k;
+                    __m256i xv[8];
+                    for (int i = 0; i < 8; i++) xv[i] = _mm256_set1_epi32((int)strata_rd_u32(a->qs + 4 * i));
+                    __m256i sumi = qr_sums(f, wt, wu, xv);
+                    if (off) sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(a->sum * off));
+                    const __m256 dx = _mm256_set1_ps(a->d);
+                    q8_terms t;
+                    t.a0 = _mm256_mul_ps(d, dx);
+                    t.b0 = _mm256_cvtepi32_ps(sumi);
+                    if (two) {
+                        t.a1 = _mm256_mul_ps(m, dx);
+                        t.b1 = _mm256_set1_ps((float)a->sum);
+                    } else {
+                        t.a1 = t.b1 = _mm256_setzero_ps();
+                    }
+                    p[c][k] = q8_apply(t, two, _mm256_setzero_ps());
+                }
+            }
+            for (int c = 0; c < nc; c++) {
+                const __m256 *q = p[c];
+                _mm256_storeu_ps(y + (int64_t)(c0 + c) * ldy + r0,
+                                 _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(q[0], q[4]), _mm256_add_ps(q[2], q[6])),
+                                               _mm256_add_ps(_mm256_add_ps(q[1], q[5]), _mm256_add_ps(q[3], q[7]))));
+            }
+        }
+    }
+    float t[QL_MAX_COLS];
+    for (; r0 < nrows; r0++)
+        for (int c0 = 0; c0 < ncols; c0 += QL_MAX_COLS) {
+            const int nc = ncols - c0 < QL_MAX_COLS ? ncols - c0 : QL_MAX_COLS;
+            ql_vec_dot(f, n, (const char *)w + (size_t)r0 * w_row, (const char *)x + (size_t)c0 * x_stride, x_stride,
+                       nc, t);
+            for (int c = 0; c < nc; c++) y[(int64_t)(c0 + c) * ldy + r0] = t[c];
+        }
+}
+
 static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                            size_t x_stride, int ncols, float *y, int64_t ldy) {
     const int64_t nb = n / 32, ng = nb / 8;
     const int rem = (int)(nb % 8);
     const int64_t ngt = ng + (rem != 0);
+    if (ng == 0) { /* rows shorter than a group, at any column count (quant.h's SHORT1 case among them) */
+        if (nb) qr_short(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+        return;
+    }
     int cpc = ngt ? (int)(QR_SCRATCH / (ngt * (int64_t)sizeof(qr_group))) : 0;
     if (cpc > QL_MAX_COLS) cpc = QL_MAX_COLS;
     if (ncols < QR_MIN_COLS || cpc < QR_MIN_COLS) {
@@ -405,19 +471,17 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
         qr_acts(x, x_stride, c0, nc, ng, ngt, nb, xs);
         for (int64_t r = 0; r < nrows; r++) {
             const uint8_t *wp = (const uint8_t *)w + (size_t)r * w_row;
-            const uint8_t *wk[8]; /* a short row's table (ng == 0) */
-            q8_partial_w(wp, ts, ng ? 0 : rem, wk);
             __m256 acc[QL_MAX_COLS];
             for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
             for (int64_t g = 0; g < ngt; g++) {
-                const uint8_t *p = ng ? wp + qr_first(g, ng, nb) * ts : wp;
+                const uint8_t *p = wp + qr_first(g, ng, nb) * ts;
                 __m256i in[8], wt[8], wu[8];
-                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, q8_blk(p, ts, j, ng ? NULL : wk));
+                for (int j = 0; j < 8; j++) in[j] = ql_codes(f, p + j * ts);
                 qr_transpose8(in, wt);
                 if (f == QL_Q8_0)
                     for (int i = 0; i < 8; i++) wu[i] = _mm256_abs_epi8(wt[i]); /* -128 -> 0x80, i.e. 128 unsigned */
                 __m256 d, m;
-                ql_scales(f, 8, p, ng ? NULL : wk, &d, &m);
+                ql_scales(f, 8, p, NULL, &d, &m);
                 for (int c = 0; c < nc; c++) {
                     const qr_group *xg = &xs[(int64_t)c * ngt + g];
                     __m256i sumi = qr_sums(f, wt, wu, xg->q);
@@ -436,7 +500,7 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
                         acc[c] = q8_apply(t, two, acc[c]);
                         continue;
                     }
-                    if (ng) t = q8_rotate(t, two, rem, 8);   /* a short row's blocks are in their lanes */
+                    t = q8_rotate(t, two, rem, 8);
                     acc[c] = _mm256_blendv_ps(acc[c], q8_apply(t, two, acc[c]), keep);
                 }
             }

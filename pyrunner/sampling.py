@@ -398,6 +398,24 @@ class Sampler:
         return probabilities(x, self.params.temperature)
 
     def sample(self, logits, history: Sequence[int] = ()) -> int:
+        p = self.params
+        if self.is_greedy and penalties_neutral(p.repeat_penalty, p.presence_penalty, p.frequency_penalty):
+            # filtered_logits' checks and pick with one argmax per vector where it takes a maximum and an
+            # argmax (argmax returns the first NaN when there is one, so x[i] is NaN then, and +inf when
+            # that is the top): each numpy reduction of a vocabulary releases the GIL, which a server's
+            # request threads then queue for
+            x = np.asarray(logits, dtype=np.float32)
+            if x.ndim != 1 or x.shape[0] == 0:
+                raise ValueError(f"logits must be one non-empty vector, got shape {x.shape}")
+            i = int(np.argmax(x))
+            if np.isnan(x[i]) or x[i] == np.inf:
+                raise ValueError("logits contain NaN or +inf: the model produced invalid numbers")
+            xb = apply_logit_bias(x, p.logit_bias)
+            if xb is not x:
+                i = int(np.argmax(xb))
+            if not np.isfinite(xb[i]):
+                raise ValueError("no token is left to sample: logit_bias bans every token")
+            return i
         x = self.filtered_logits(logits, history)
         if self.is_greedy:
             return greedy(x)

@@ -275,10 +275,19 @@ class Tokenizer:
         return self.detokenize_bytes(ids).decode("utf-8", "replace")
 
     def token_bytes(self, id: int) -> bytes:
-        data = ffi.new("const char **")
-        n = ffi.new("uint64_t *")
-        check(lib.strata_tokenizer_token_bytes(self._t, int(id), data, n))
-        return ffi.unpack(data[0], n[0])
+        """The bytes of token id, kept once asked for: a streaming decode asks for every token it emits,
+        and a call into the library releases the GIL, which a server's request threads then queue for."""
+        id = int(id)
+        cache = self.__dict__.get("_token_bytes")
+        if cache is None:
+            cache = self._token_bytes = {}
+        b = cache.get(id)
+        if b is None:
+            data = ffi.new("const char **")
+            n = ffi.new("uint64_t *")
+            check(lib.strata_tokenizer_token_bytes(self._t, id, data, n))
+            b = cache[id] = ffi.unpack(data[0], n[0])
+        return b
 
     def stream(self) -> "StreamDecoder":
         return StreamDecoder(self)

@@ -275,8 +275,7 @@ class DraftPolicy:
         (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
         the last ~20 of them; a surprise (below) keeps only FORGET of the old evidence and is followed by
         another probe at once, so a change of the text is followed within a few windows, even while the
-        current k drafts little or nothing; not while k = 0 runs and no other k could beat it with every
-        draft taken (_hopeful): then what the drafts' acceptance is cannot change the choice);
+        current k drafts little or nothing);
       - the time of a window by its k, its drafting, verify, rollback and extend all included (so on the
         offload paths, the missed experts its extra tokens touch): the current k's is the median of its
         last TIMES windows (one slow window does not move it; k = 0 is a plain step), and every other k's
@@ -287,9 +286,8 @@ class DraftPolicy:
 
     The current k changes only for a rate HYSTERESIS times better (no flapping between near ties). One
     window in so many probes another k (k_max, which measures every position's acceptance, and the least
-    recently measured in turn); the first FIRST_PROBE windows are plain (t_0: the first decode step after a
-    prefill runs ~1.3x slow on flash-small, and a probe timed against it alone looks cheap), the next a
-    probe at k_max. How many windows lie between probes:
+    recently measured in turn); the first window is plain (t_0), the second a probe at k_max. How many
+    windows lie between probes:
 
       - EXPLORE_MAX while no other k could beat the current one even with every draft taken (its window's
         k + 1 tokens short of HYSTERESIS times the current rate; k = 0 always could): such probes only
@@ -323,7 +321,6 @@ class DraftPolicy:
     CALM_START = 128
     BUDGET = 0.01
     EXPLORE_MAX = 256
-    FIRST_PROBE = 3
 
     def __init__(self, k_max: int = MTP_MAX_DEFAULT):
         if k_max < 1:
@@ -339,7 +336,6 @@ class DraftPolicy:
         self.cur = 0
         self.windows = 0
         self._probe_again = False
-        self._left = None                       # the k left at the last change, until the new k's first window
         self._probes_in_row = 0
         self._last_side = 0
         self._run = False                       # the current k's last window was a surprise
@@ -378,7 +374,7 @@ class DraftPolicy:
         """What the rates and the probe gap read besides the times and the acceptance (a drafting window
         recomputes them anyway): the current k, the probes made, the first-windows and calm flags, whether
         the current k was timed, when each other k was measured."""
-        return (self.cur, self._n_probes, self.windows > self.FIRST_PROBE, self.windows - self._moved < self.CALM,
+        return (self.cur, self._n_probes, self.windows > 1, self.windows - self._moved < self.CALM,
                 self.t[self.cur] is None, tuple(s for j, s in enumerate(self.seen) if j != self.cur))
 
     def _probe_gap(self) -> int:
@@ -389,7 +385,7 @@ class DraftPolicy:
     def _interval(self, rates: list) -> int:
         """Windows between probes (the class docstring): EXPLORE or EXPLORE_FAR while the text moves; once
         calm, as many as keep the next probe's expected loss within BUDGET of their time."""
-        if self.windows > self.FIRST_PROBE and not self._hopeful(rates):
+        if self.windows > 1 and not self._hopeful(rates):
             return self.EXPLORE_MAX
         others = max((r for j, r in enumerate(rates) if j != self.cur), default=0.0)
         far = rates[self.cur] > 0 and others < self.FAR * rates[self.cur]
@@ -419,11 +415,8 @@ class DraftPolicy:
         return out
 
     def _next_probe(self) -> int:
-        """The k the next probe runs: k_max and the least recently measured other k in turn, and k_max first
-        after a change of k or of the text (the drafts past the current k's are the ones it no longer measures,
-        and their estimates are what the change left stale)."""
-        if self.cur != self.k_max and (self.windows <= self.FIRST_PROBE or (self._n_probes + 1) % 2
-                                       or self._last_probe < self._moved):
+        """The k the next probe runs: k_max and the least recently measured other k in turn."""
+        if self.cur != self.k_max and (self.windows <= 1 or (self._n_probes + 1) % 2):
             return self.k_max
         return min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
 
@@ -496,11 +489,11 @@ class DraftPolicy:
         """k for the next window (at most k_cap: the context or max_tokens may leave room for fewer)."""
         cap = self.k_max if k_cap is None else max(0, min(int(k_cap), self.k_max))
         w = self.windows
-        if w < self.FIRST_PROBE:
+        if w == 0:
             k = 0
-        elif self._probe_again and self.cur != self.k_max and (self.cur or len(self._hopeful(self._cached_rates()))):
+        elif self._probe_again and self.cur != self.k_max:
             k = self.k_max
-        elif w == self.FIRST_PROBE or w - self._last_probe >= self._probe_gap():
+        elif w == 1 or w - self._last_probe >= self._probe_gap():
             k = self._next_probe()
             self._last_probe = w
             self._n_probes += 1
@@ -508,7 +501,6 @@ class DraftPolicy:
             self._cached_rates()
             best = self._switch_to
             if best is not None:
-                self._left = self.cur                 # observe(): the new k's first window, against the old k
                 self.cur = best
                 self._moved = w
                 self._rates = None                    # costs and the probe gap are the new k's now
@@ -545,26 +537,18 @@ class DraftPolicy:
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
         kk = proposed if proposed > 0 else 0
-        # side by side: a probe with the current k, and the first window after a change of k with the k it
-        # left (each against that k's median of the moment). Without the latter a change made on one lucky
-        # probe flaps: back at k = 0 that probe's ratio says the k left is better, while that k is current its
-        # own times against the plain steps' say it is not, and neither window adds a ratio to settle it
-        ref = self.cur if kk != self.cur else self._left
-        self._left = None
-        t_ref = None if ref is None else self.t[ref]
-        if kk != ref and t_ref:
-            r = seconds / t_ref
-            base = self.ratio(ref)
-            j, rc = (ref, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
+        t_cur = self.t[self.cur]
+        if kk != self.cur and t_cur:                  # a probe, side by side with the current k
+            r = seconds / t_cur
+            base = self.ratio(self.cur)
+            j, rc = (self.cur, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
             if rc is not None:
                 self._ratio[j].append(rc)
                 self._ratio_med[j] = statistics.median(self._ratio[j])
-                self._rates = None
         self._times[kk].append(seconds)
         self.seen[kk] = self.windows
         self._stale += 1
-        # and at each of the first FIRST_PROBE windows: the first probe is timed against their median
-        if proposed > 0 or self._stale >= 8 or self.t[kk] is None or self.windows <= self.FIRST_PROBE:
+        if proposed > 0 or self._stale >= 8 or self.t[kk] is None:
             self.t[kk] = statistics.median(self._times[kk])
             if proposed > 0:
                 self._rates = None

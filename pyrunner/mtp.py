@@ -336,6 +336,7 @@ class DraftPolicy:
         self.cur = 0
         self.windows = 0
         self._probe_again = False
+        self._left = None                       # the k left at the last change, until the new k's first window
         self._probes_in_row = 0
         self._last_side = 0
         self._run = False                       # the current k's last window was a surprise
@@ -501,6 +502,7 @@ class DraftPolicy:
             self._cached_rates()
             best = self._switch_to
             if best is not None:
+                self._left = self.cur                 # observe(): the new k's first window, against the old k
                 self.cur = best
                 self._moved = w
                 self._rates = None                    # costs and the probe gap are the new k's now
@@ -537,14 +539,21 @@ class DraftPolicy:
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
         kk = proposed if proposed > 0 else 0
-        t_cur = self.t[self.cur]
-        if kk != self.cur and t_cur:                  # a probe, side by side with the current k
-            r = seconds / t_cur
-            base = self.ratio(self.cur)
-            j, rc = (self.cur, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
+        # side by side: a probe with the current k, and the first window after a change of k with the k it
+        # left (each against that k's median of the moment). Without the latter a change made on one lucky
+        # probe flaps: back at k = 0 that probe's ratio says the k left is better, while that k is current its
+        # own times against the plain steps' say it is not, and neither kind of window adds a ratio to settle it
+        ref = self.cur if kk != self.cur else self._left
+        self._left = None
+        t_ref = None if ref is None else self.t[ref]
+        if kk != ref and t_ref:
+            r = seconds / t_ref
+            base = self.ratio(ref)
+            j, rc = (ref, 1.0 / r) if kk == 0 else (kk, None if base is None else r * base)
             if rc is not None:
                 self._ratio[j].append(rc)
                 self._ratio_med[j] = statistics.median(self._ratio[j])
+                self._rates = None
         self._times[kk].append(seconds)
         self.seen[kk] = self.windows
         self._stale += 1

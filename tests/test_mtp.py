@@ -439,6 +439,29 @@ def test_auto_policy_keeps_its_choice_while_the_host_speed_drifts():
         assert auto >= 0.975 * best, (seed, auto, best)
 
 
+def test_auto_policy_does_not_flap_after_one_lucky_probe():
+    """One probe timed in a fast spell makes k = 1 look better than plain steps (its window at 1.5 plain
+    steps where it costs 2.3, every draft taken). The policy changes to k = 1; the first window after a
+    change is timed against the k it left (as a probe against the current one), so the ratio corrects
+    itself and the policy returns to k = 0 for good, instead of changing k at every window: at k = 0 the
+    one lucky ratio says k = 1 is better, at k = 1 its own times against the plain steps say it is not."""
+    from pyrunner.mtp import DraftPolicy
+
+    probes = []
+
+    def cost(k):
+        probes.append(k)
+        return 1.5 if k == 1 and probes.count(1) == 1 else 1.0 + 1.3 * k
+
+    p = DraftPolicy(3)
+    ks, auto = _simulate(p, 800, lambda w: 1.0, cost)
+    _, plain = _simulate(0, 800, lambda w: 1.0, cost)
+    assert any(k == 1 for w, k in p.history), p.history          # the lucky probe did mislead it
+    assert len(p.history) <= 6, p.history
+    assert sum(k == 0 for k in ks[-300:]) >= 0.97 * 300
+    assert auto >= 0.95 * plain, (auto, plain)
+
+
 def test_auto_policy_expected_tokens_and_cost_estimates():
     from pyrunner.mtp import DraftPolicy
 

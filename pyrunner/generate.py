@@ -478,8 +478,13 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                 with trace.span("decode window", "decode", step=step, drafts=k):
                     new = drafter.round(tok, history, k) if k > 0 or policy is None else drafter.plain(tok, history)
                 if policy is not None:
-                    policy.observe(k, drafter.proposed - p0, drafter.accepted - a0,
-                                   time.perf_counter() - t_w - (drafter.prompt_extend_s - e_w))
+                    dt = time.perf_counter() - t_w - (drafter.prompt_extend_s - e_w)
+                    proposed = drafter.proposed - p0
+                    if proposed > 0 and not getattr(model, "mtp_warm", True):
+                        # the process's first window with drafts reads the head's weights for the first
+                        # time: it counts for acceptance only (DraftPolicy.observe)
+                        model.mtp_warm, dt = True, None
+                    policy.observe(k, proposed, drafter.accepted - a0, dt)
         except StrataError as e:
             e = trace.as_watchdog(e)
             if not isinstance(e, trace.WatchdogError):
@@ -492,6 +497,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
 
     sess.save()                                 # a checkpoint where this request ends (prefix reuse)
     if drafter is not None:
+        if drafter.proposed and hasattr(model, "mtp_warm"):
+            model.mtp_warm = True               # fixed-k requests read the head's weights too
         stats.update(drafter.stats())
     if policy is not None:
         stats.update(policy.stats())

@@ -511,8 +511,12 @@ class DraftPolicy:
         self._probes_in_row = self._probes_in_row + 1 if k != self.cur else 0
         return min(k, cap)
 
-    def observe(self, k: int, proposed: int, accepted: int, seconds: float) -> None:
-        """A window ran with k chosen: `proposed` drafts made, `accepted` of them taken, in `seconds`."""
+    def observe(self, k: int, proposed: int, accepted: int, seconds: float | None) -> None:
+        """A window ran with k chosen: `proposed` drafts made, `accepted` of them taken, in `seconds`.
+        seconds None: its time is not one of k's and counts for nothing, its acceptance does, and k_max is
+        probed again at once (generate() passes None for the first window of a process that drafts: it
+        is the first to read the draft head's weights and experts, and on the bench preset it took 3.7-3.9
+        plain steps where later ones took 2.95; one such time ruled drafting out for EXPLORE_MAX windows)."""
         self.windows += 1
         self.k_sum += k
         self.k_count[min(k, self.k_max)] += 1
@@ -538,6 +542,12 @@ class DraftPolicy:
             reached = min(accepted + 1, proposed)
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
+            if seconds is None:
+                self._probe_again = True
+                self._rates = None
+                return
+        if seconds is None:
+            return
         kk = proposed if proposed > 0 else 0
         # side by side: a probe with the current k, and the first window after a change of k with the k it
         # left (each against that k's median of the moment). Without the latter a change made on one lucky

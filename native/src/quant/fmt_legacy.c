@@ -213,7 +213,7 @@ static void vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t x_strid
                             .rows = {[STRATA_ISA_IDX_AVX2] = AVX2_FN(strata_avx2_rows_##FN),                   \
                                      [STRATA_ISA_IDX_AVX512] = AVX512_FN(strata_avx512_rows_##FN)},            \
                             .rows_when = {[STRATA_ISA_IDX_AVX2] = STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1,     \
-                                          [STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI}}
+                                          [STRATA_ISA_IDX_AVX512] = STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1}}
 
 void strata_quant_register_legacy(strata_qtraits *t) {
     LEGACY(GT_Q4_0, "Q4_0", 18, q4_0);

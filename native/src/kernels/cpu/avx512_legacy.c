@@ -3,6 +3,7 @@
  * Dequantization keeps the AVX2 path's (memory-bound; nothing to gain). */
 #include "avx512_legacy.h"
 #include "avx512_q8.h"
+#include "avx2_legacy.h"
 
 /* Unsigned operands of blocks i and i + 4 (see avx512_q8.h: codes, or Q8_0's q ^ 0x80). */
 static inline __m512i zl_operands(z8fmt f, const uint8_t *a, const uint8_t *b) {
@@ -64,24 +65,38 @@ void strata_avx512_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t 
     z8_vec_dot(Z8_Q8_0, n, w, x, xs, nc, y);
 }
 
-/* quant.h rows kernels (avx512_q8.h z8_rows): what vec_dot gives, for nrows rows at once. */
+/* quant.h rows kernels: what vec_dot gives, for nrows rows at once. Several columns take z8_rows
+ * (avx512_q8.h: rows across the int32 lanes). At one column (matmul's SHORT1 case) rows shorter
+ * than a group take the AVX2 path's 8-rows kernel (qr_short), as avx512_fp4.c's short rows do:
+ * without it each such row went through vec_dot's pointer tables, and flash-small's hyper-connection
+ * up rows are one Q8_0 block. 1 thread, Zen 4 (AVX-512 VNNI), us per 1024 x 32 product, Python's
+ * call included (~4 us): Q8_0 27.6 (vec_dot) -> 7.6 (z8_rows) -> 6.5 (qr_short), Q4_0 28.1 -> 7.8
+ * -> 5.7; 1024 x 96: Q8_0 27.8 -> 10.7 -> 9.2. Rows of 8..16 blocks keep vec_dot (z8_rows). */
+static inline void zl_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row, int64_t nrows,
+                           const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
+    if (ncols == 1 && n < 8 * 32) {
+        short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+        return;
+    }
+    z8_rows(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
 void strata_avx512_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    z8_rows(Z8_Q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    zl_rows(Z8_Q4_0, strata_avx2_rows_q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    z8_rows(Z8_Q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    zl_rows(Z8_Q4_1, strata_avx2_rows_q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    z8_rows(Z8_Q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    zl_rows(Z8_Q5_0, strata_avx2_rows_q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    z8_rows(Z8_Q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    zl_rows(Z8_Q5_1, strata_avx2_rows_q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    z8_rows(Z8_Q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    zl_rows(Z8_Q8_0, strata_avx2_rows_q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

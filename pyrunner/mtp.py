@@ -286,8 +286,11 @@ class DraftPolicy:
 
     The current k changes only for a rate HYSTERESIS times better (no flapping between near ties). One
     window in so many probes another k (k_max, which measures every position's acceptance, and the least
-    recently measured in turn); the first window is plain (t_0), the second a probe at k_max. How many
-    windows lie between probes:
+    recently measured in turn). The first FIRST_PROBE windows are plain and the next probes k_max; the
+    first one's time does not count (it follows the prefill: on flash-small, 512-token prompts on a Zen 4,
+    it took 1.1-3.9 ms where later plain steps took ~0.45-0.6, and timed as t_0 it made a k = 3 probe look
+    1.1-3x a plain step where it is ~5x, so the request drafted at mean k up to 1.3 at half the tokens per
+    second), the other plain ones are t_0 when the probe runs. How many windows lie between probes:
 
       - EXPLORE_MAX while no other k could beat the current one even with every draft taken (its window's
         k + 1 tokens short of HYSTERESIS times the current rate; k = 0 always could): such probes only
@@ -321,6 +324,7 @@ class DraftPolicy:
     CALM_START = 128
     BUDGET = 0.01
     EXPLORE_MAX = 256
+    FIRST_PROBE = 3
 
     def __init__(self, k_max: int = MTP_MAX_DEFAULT):
         if k_max < 1:
@@ -375,7 +379,7 @@ class DraftPolicy:
         """What the rates and the probe gap read besides the times and the acceptance (a drafting window
         recomputes them anyway): the current k, the probes made, the first-windows and calm flags, whether
         the current k was timed, when each other k was measured."""
-        return (self.cur, self._n_probes, self.windows > 1, self.windows - self._moved < self.CALM,
+        return (self.cur, self._n_probes, self.windows > self.FIRST_PROBE, self.windows - self._moved < self.CALM,
                 self.t[self.cur] is None, tuple(s for j, s in enumerate(self.seen) if j != self.cur))
 
     def _probe_gap(self) -> int:
@@ -386,7 +390,7 @@ class DraftPolicy:
     def _interval(self, rates: list) -> int:
         """Windows between probes (the class docstring): EXPLORE or EXPLORE_FAR while the text moves; once
         calm, as many as keep the next probe's expected loss within BUDGET of their time."""
-        if self.windows > 1 and not self._hopeful(rates):
+        if self.windows > self.FIRST_PROBE and not self._hopeful(rates):
             return self.EXPLORE_MAX
         others = max((r for j, r in enumerate(rates) if j != self.cur), default=0.0)
         far = rates[self.cur] > 0 and others < self.FAR * rates[self.cur]
@@ -417,7 +421,7 @@ class DraftPolicy:
 
     def _next_probe(self) -> int:
         """The k the next probe runs: k_max and the least recently measured other k in turn."""
-        if self.cur != self.k_max and (self.windows <= 1 or (self._n_probes + 1) % 2):
+        if self.cur != self.k_max and (self.windows <= self.FIRST_PROBE or (self._n_probes + 1) % 2):
             return self.k_max
         return min((j for j in range(self.k_max + 1) if j != self.cur), key=lambda j: self.seen[j])
 
@@ -494,7 +498,7 @@ class DraftPolicy:
             k = 0
         elif self._probe_again and self.cur != self.k_max:
             k = self.k_max
-        elif w == 1 or w - self._last_probe >= self._probe_gap():
+        elif w == self.FIRST_PROBE or (w > self.FIRST_PROBE and w - self._last_probe >= self._probe_gap()):
             k = self._next_probe()
             self._last_probe = w
             self._n_probes += 1
@@ -516,7 +520,10 @@ class DraftPolicy:
         seconds None: its time is not one of k's and counts for nothing, its acceptance does, and k_max is
         probed again at once (generate() passes None for the first window of a process that drafts: it
         is the first to read the draft head's weights and experts, and on the bench preset it took 3.7-3.9
-        plain steps where later ones took 2.95; one such time ruled drafting out for EXPLORE_MAX windows)."""
+        plain steps where later ones took 2.95; one such time ruled drafting out for EXPLORE_MAX windows).
+        The first window's time is not taken either (the class docstring)."""
+        if self.windows == 0:
+            seconds = None
         self.windows += 1
         self.k_sum += k
         self.k_count[min(k, self.k_max)] += 1

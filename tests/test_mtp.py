@@ -372,19 +372,23 @@ def test_auto_policy_is_near_the_best_fixed_k_on_steady_streams(rate, cost):
 
 def test_auto_policy_follows_a_switching_stream_and_does_not_flap():
     """Acceptance switching between 0.05 and 0.95 every 64 windows: the policy beats every fixed k (it
-    drafts in the good phases and stops in the bad ones), changes k a few times per phase at most, and
-    on a steady stream settles (no flapping)."""
+    drafts in the good phases and stops in the bad ones, on average over 10 streams: one stream's phase
+    depends on where its probes fell), changes k a few times per phase at most, and on a steady stream
+    settles (no flapping)."""
     from pyrunner.mtp import DraftPolicy
 
     switching = lambda w: 0.95 if (w // 64) % 2 else 0.05       # noqa: E731
     for c in (CHEAP, DEAR):
         auto, fixed = _vs_fixed(switching, c, windows=512)
         assert auto >= 1.0 * max(fixed.values()), (auto, fixed)
-    p = DraftPolicy(3)
-    ks, _ = _simulate(p, 512, switching, CHEAP)
-    assert len(p.history) <= 4 * 512 // 64
-    assert sum(k == 3 for k in ks[64 + 16:128]) >= 0.8 * 48      # in a good phase: drafting
-    assert sum(k == 0 for k in ks[128 + 16:192]) >= 0.8 * 48     # in a bad one: not
+    good, bad = [], []
+    for seed in range(10):
+        p = DraftPolicy(3)
+        ks, _ = _simulate(p, 512, switching, CHEAP, seed)
+        assert len(p.history) <= 4 * 512 // 64
+        good.append(sum(k == 3 for k in ks[64 + 16:128]) / 48)
+        bad.append(sum(k == 0 for k in ks[128 + 16:192]) / 48)
+    assert np.mean(good) >= 0.8 and np.mean(bad) >= 0.8, (good, bad)   # drafting in a good phase, not in a bad one
     p = DraftPolicy(3)
     _simulate(p, 400, lambda w: 0.95, CHEAP)
     assert len(p.history) <= 3 and p.cur == 3 and p.stats()["mtp_k"] > 2.5
@@ -501,6 +505,30 @@ def test_auto_policy_times_a_cold_first_window_again():
     assert cold >= 0.95 * warm and cold >= 0.6, (cold, warm)
 
 
+def test_auto_policy_does_not_time_the_window_after_the_prefill():
+    """The first decode window of a request follows its prefill and is slow (flash-small, 512-token prompts
+    on a Zen 4: 1.1-3.9 ms where plain steps settle at ~0.45-0.6 ms, the next two ~1.5x). Timed as a plain
+    step, it made the first k = 3 probe look 1.1-3x one where it costs ~5x, and requests drafted at mean k
+    up to 1.9 at half the tokens per second. Streams with that start (window 0 at 4x, windows 1-2 at 1.4x),
+    20 seeds: on flash-small's costs auto stays within 3 % of no drafts and rarely drafts; on the bench
+    preset's at acceptance 0.95 it still drafts."""
+    from pyrunner.mtp import DraftPolicy
+
+    flash = lambda k: (1.0, 3.4, 4.2, 5.0)[k]            # noqa: E731  (flash-small, plain steps)
+    bench = lambda k: (1.0, 1.85, 2.42, 2.99)[k]         # noqa: E731  (the bench preset)
+    start = lambda w: 4.0 if w == 0 else 1.4 if w < 3 else 1.0   # noqa: E731
+    ratios, mean_k, share = [], [], []
+    for seed in range(20):
+        ks, auto = _simulate(DraftPolicy(3), 512, lambda w: 0.9, flash, seed, speed=start)
+        _, plain = _simulate(0, 512, lambda w: 0.9, flash, seed, speed=start)
+        ratios.append(auto / plain)
+        mean_k.append(np.mean(ks))
+        ks, _ = _simulate(DraftPolicy(3), 512, lambda w: 0.95, bench, seed, speed=start)
+        share.append(np.mean([k > 0 for k in ks[32:]]))
+    assert np.mean(ratios) >= 0.97 and np.mean(mean_k) < 0.1, (ratios, mean_k)
+    assert np.mean(share) >= 0.8, share
+
+
 def test_generate_times_all_but_a_process_first_drafting_window(model, monkeypatch):
     """generate() under mtp="auto" hands the policy no time for the first window with drafts a Model runs
     (Model.mtp_warm says one ran), and a time for every other window, in that request and the next."""
@@ -534,9 +562,13 @@ def test_auto_policy_expected_tokens_and_cost_estimates():
     p = DraftPolicy(3)
     assert p.expected_tokens(0) == 1.0 and p.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert p.cost(2) is None and p.choose() == 0                  # the first window is plain
-    p.observe(0, 0, 0, 1.0)
+    p.observe(0, 0, 0, 5.0)                                       # and follows the prefill: not timed
+    assert p.t[0] is None and p.cost(3) is None
+    for _ in range(DraftPolicy.FIRST_PROBE - 1):
+        assert p.choose() == 0                                    # more plain windows, timed
+        p.observe(0, 0, 0, 1.0)
     assert p.cost(4 - 1) == pytest.approx(1.75)                   # one measured: t0 (1 + k / 4)
-    assert p.choose() == 3                                        # the second probes k_max
+    assert p.choose() == 3                                        # then a probe at k_max
     p.observe(3, 3, 3, 2.0)
     assert p.cost(1) == pytest.approx(1 + 1 / 3) and p.acceptance()[0] > 0.5
     assert p.choose(k_cap=1) <= 1                                 # the context or max_tokens cap it

@@ -357,6 +357,8 @@ def _vs_fixed(rate_at, cost, windows: int = 400, seed: int = 0):
 
 CHEAP = staticmethod(lambda k: 1.0 + 0.15 * k)          # a verify window of k drafts costs little more
 DEAR = staticmethod(lambda k: 1.0 if k == 0 else 1.5 + 0.1 * k)   # one costs 1.5 plain steps and more
+BENCH = staticmethod(lambda k: (1.0, 1.85, 2.42, 2.99)[k])       # the bench preset with an MTP head, measured
+FLASH = staticmethod(lambda k: (1.0, 3.4, 4.2, 5.0)[k])          # flash-small, measured: no k pays
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.05, 0.3, 0.6, 0.8, 0.95, 1.0])
@@ -475,8 +477,6 @@ def test_auto_policy_times_a_cold_first_window_again():
     timed as k = 3's drafted in 5 % of windows (stop 32's bench run: 6 tokens in 128)."""
     from pyrunner.mtp import DraftPolicy
 
-    host = lambda k: (1.0, 1.85, 2.42, 2.99)[k]          # noqa: E731  (the bench preset on this CPU)
-
     def drafting_share(seed: int, cold: bool) -> float:
         p = DraftPolicy(3)
         rng = np.random.default_rng(seed)
@@ -495,7 +495,7 @@ def test_auto_policy_times_a_cold_first_window_again():
                 assert p.t[k] is None and p.ratio(k) is None and p.seen[k] == -1 and p.n[1] > 0
                 again = True
             else:
-                p.observe(k, k, a, host(k) * rng.uniform(0.9, 1.1))
+                p.observe(k, k, a, BENCH(k) * rng.uniform(0.9, 1.1))
             first = first and not k
             ks.append(k)
         return sum(k > 0 for k in ks[8:]) / len(ks[8:])
@@ -514,16 +514,14 @@ def test_auto_policy_does_not_time_the_window_after_the_prefill():
     preset's at acceptance 0.95 it still drafts."""
     from pyrunner.mtp import DraftPolicy
 
-    flash = lambda k: (1.0, 3.4, 4.2, 5.0)[k]            # noqa: E731  (flash-small, plain steps)
-    bench = lambda k: (1.0, 1.85, 2.42, 2.99)[k]         # noqa: E731  (the bench preset)
     start = lambda w: 4.0 if w == 0 else 1.4 if w < 3 else 1.0   # noqa: E731
     ratios, mean_k, share = [], [], []
     for seed in range(20):
-        ks, auto = _simulate(DraftPolicy(3), 512, lambda w: 0.9, flash, seed, speed=start)
-        _, plain = _simulate(0, 512, lambda w: 0.9, flash, seed, speed=start)
+        ks, auto = _simulate(DraftPolicy(3), 512, lambda w: 0.9, FLASH, seed, speed=start)
+        _, plain = _simulate(0, 512, lambda w: 0.9, FLASH, seed, speed=start)
         ratios.append(auto / plain)
         mean_k.append(np.mean(ks))
-        ks, _ = _simulate(DraftPolicy(3), 512, lambda w: 0.95, bench, seed, speed=start)
+        ks, _ = _simulate(DraftPolicy(3), 512, lambda w: 0.95, BENCH, seed, speed=start)
         share.append(np.mean([k > 0 for k in ks[32:]]))
     assert np.mean(ratios) >= 0.97 and np.mean(mean_k) < 0.1, (ratios, mean_k)
     assert np.mean(share) >= 0.8, share

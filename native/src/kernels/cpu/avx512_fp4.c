@@ -103,25 +103,16 @@ void strata_avx512_vec_dot_nvfp4(int64_t n, const void *w, const void *x, size_t
  * for a single product; the AVX2 kernel was 1.5-5x this file's vec_dot there). NVFP4 always takes
  * the AVX2 8-rows kernel: its 16-value sub-blocks are not in z8_rows yet, whose fallback (vec_dot
  * row by row) measured slower at 16 columns, 2 threads (2560x2560: 1.73 -> 1.03 GB/s; 640x2560:
- * 1.68 -> 1.26). All give vec_dot's bits. */
-static inline void zf_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row,
-                           int64_t nrows, const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
-    if (f == Z8_NVFP4 || (ncols == 1 && n / (32 * z8_apb(f)) <= 16)) {
-        short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
-        return;
-    }
-    z8_rows(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
-}
-
+ * 1.68 -> 1.26). All give vec_dot's bits (avx512_q8.h z8_rows_or_short). */
 void strata_avx512_rows_iq4_nl(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                                size_t x_stride, int ncols, float *y, int64_t ldy) {
-    zf_rows(Z8_IQ4_NL, strata_avx2_rows_iq4_nl, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_IQ4_NL, strata_avx2_rows_iq4_nl, 16, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_mxfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                               size_t x_stride, int ncols, float *y, int64_t ldy) {
-    zf_rows(Z8_MXFP4, strata_avx2_rows_mxfp4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_MXFP4, strata_avx2_rows_mxfp4, 16, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_nvfp4(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                               size_t x_stride, int ncols, float *y, int64_t ldy) {
-    zf_rows(Z8_NVFP4, strata_avx2_rows_nvfp4, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_NVFP4, strata_avx2_rows_nvfp4, 16, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

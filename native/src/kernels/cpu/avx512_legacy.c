@@ -72,31 +72,23 @@ void strata_avx512_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t 
  * up rows are one Q8_0 block. 1 thread, Zen 4 (AVX-512 VNNI), us per 1024 x 32 product, Python's
  * call included (~4 us): Q8_0 27.6 (vec_dot) -> 7.6 (z8_rows) -> 6.5 (qr_short), Q4_0 28.1 -> 7.8
  * -> 5.7; 1024 x 96: Q8_0 27.8 -> 10.7 -> 9.2. Rows of 8..16 blocks keep vec_dot (z8_rows). */
-static inline void zl_rows(z8fmt f, strata_rows_fn short_rows, int64_t n, const void *w, size_t w_row, int64_t nrows,
-                           const void *x, size_t x_stride, int ncols, float *y, int64_t ldy) {
-    if (ncols == 1 && n < 8 * 32) {
-        short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
-        return;
-    }
-    z8_rows(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
-}
 void strata_avx512_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    zl_rows(Z8_Q4_0, strata_avx2_rows_q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_Q4_0, strata_avx2_rows_q4_0, 7, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    zl_rows(Z8_Q4_1, strata_avx2_rows_q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_Q4_1, strata_avx2_rows_q4_1, 7, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    zl_rows(Z8_Q5_0, strata_avx2_rows_q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_Q5_0, strata_avx2_rows_q5_0, 7, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    zl_rows(Z8_Q5_1, strata_avx2_rows_q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_Q5_1, strata_avx2_rows_q5_1, 7, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
 void strata_avx512_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {
-    zl_rows(Z8_Q8_0, strata_avx2_rows_q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    z8_rows_or_short(Z8_Q8_0, strata_avx2_rows_q8_0, 7, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

@@ -375,4 +375,18 @@ static inline void z8_rows(z8fmt f, int64_t n, const void *w, size_t w_row, int6
     }
 }
 
+
+/* z8_rows, except that NVFP4's products, and one-column products of rows of at most short_nb blocks,
+ * go to short_rows: the AVX2 path's 8-rows kernel of the format (the same bits; avx512_legacy.c and
+ * avx512_fp4.c say where it measured faster). */
+static inline void z8_rows_or_short(z8fmt f, strata_rows_fn short_rows, int64_t short_nb, int64_t n, const void *w,
+                                    size_t w_row, int64_t nrows, const void *x, size_t x_stride, int ncols, float *y,
+                                    int64_t ldy) {
+    if (f == Z8_NVFP4 || (ncols == 1 && n / (32 * z8_apb(f)) <= short_nb)) {
+        short_rows(n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+        return;
+    }
+    z8_rows(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+}
+
 #endif

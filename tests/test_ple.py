@@ -389,6 +389,22 @@ def test_missing_table_is_refused(packed):
         Model(gguf, n_ctx=32)
 
 
+def test_a_refused_table_closes_no_descriptor_of_the_process(packed):
+    """A load refused before its table opened closed descriptor 0 (the table's direct-read descriptor was
+    zero-initialised): the process lost its stdin, and a later child process (nvcc) failed on it."""
+    gguf, table = _copy_external(packed, "fds")
+    os.unlink(ple.sidecar_path(table))
+    code = ("import os, sys\n"
+            "from pyrunner.model import Model\n"
+            "before = sorted(os.listdir('/proc/self/fd'))\n"
+            "try:\n    Model(sys.argv[1], n_ctx=32)\nexcept Exception:\n    pass\n"
+            "print(before, sorted(os.listdir('/proc/self/fd')))\n"
+            "os.fstat(0)\n")
+    r = subprocess.run([sys.executable, "-c", code, gguf], stdin=subprocess.PIPE, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_convert_refuses_a_table_of_another_checkpoint(packed, tmp_path):
     other = _tool().make(str(tmp_path / "other"), seed=7, modelopt_nvfp4=True)
     with pytest.raises(ConvertError, match="not from this checkpoint"):

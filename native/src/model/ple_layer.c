@@ -172,7 +172,8 @@ strata_status mdl_ple_bind(strata_model *m) {
         return strata_fail(STRATA_ERR_INVALID_ARG, "model: ple_mode %d (use 0 auto, 1 mmap, 2 direct)", m->params.ple_mode);
     struct mdl_ple_engine *e = calloc(1, sizeof *e);
     if (!e) return strata_fail(STRATA_ERR_NOMEM, "PLE: no memory");
-    e->table.fd = -1;
+    /* no descriptors yet: a load refused before the table opens closes none (0 would be stdin) */
+    e->table.fd = e->table.dfd = -1;
     m->ple = e;
     strata_status rc;
     char ext[1024];

@@ -1,14 +1,16 @@
 """The `cuda` expert device (issue 5; native/src/device/device_cuda.cu, kernels/cuda/blocks.cuh).
 
 Without a GPU (here and in CI, wherever nvcc exists):
-- the block decoders the CUDA kernels use (`blk_value`, __host__ __device__) are compiled by nvcc as
+- the block decoders the CUDA kernels use (blocks.cuh, __host__ __device__) are compiled by nvcc as
   host code and give, bit for bit, what the library's C dequantizers give on random valid blocks of
-  every expert type (odd block counts; subnormal and huge scales included);
-- the kernels' dot-product arithmetic (activations quantized per block as the CPU's matmul does,
-  then sum of w * x') is within float rounding of strata_matmul;
+  every type the loader accepts (odd block counts; subnormal and huge scales included);
+- the kernels' dot-product arithmetic (gemv.cuh: activations quantized per block as the CPU's matmul
+  does, then 32 lanes of w * x' sums folded as the warp folds them) is within float rounding of
+  strata_matmul;
 - `--device cuda` fails with a message (no GPU / not built with CUDA), never a crash.
 With a GPU (skipped otherwise; tools/device_check.sh runs them):
-- the decoders on the device equal the host's, bit for bit; the matrix kernels match strata_matmul;
+- the decoders on the device equal the host's, bit for bit; the matrix kernels match strata_matmul and
+  equal, bit for bit, their own arithmetic run on the host;
 - cuda and cpu give the same tokens and logits (<= 1e-3) over greedy steps on `tiny` in every recipe and
   on `small` quantized q4_k_m / iq2_xs (so Q8_0, Q5_1, Q4_K, IQ2_XS, IQ4_NL and NVFP4 experts run),
   the cache hits, the event log orders copies before the computations that read them, the link probe
@@ -34,17 +36,28 @@ from pyrunner._native import StrataError, ffi, lib
 ROOT = Path(__file__).resolve().parent.parent
 NVCC = shutil.which("nvcc")
 
-# type: (ggml id, values per block, bytes per block, offsets of fp16 scales, activation format)
+# type: (ggml id, values per block, bytes per block, offsets of fp16 scales, activation format):
+# every type the loader accepts (blocks.cuh decodes them all)
 TYPES = {
-    "Q8_0": (8, 32, 34, (0,), 1),
+    "Q4_0": (2, 32, 18, (0,), 1),
+    "Q4_1": (3, 32, 20, (0, 2), 1),
+    "Q5_0": (6, 32, 22, (0,), 1),
     "Q5_1": (7, 32, 24, (0, 2), 1),
+    "Q8_0": (8, 32, 34, (0,), 1),
     "IQ4_NL": (20, 32, 18, (0,), 1),
     "MXFP4": (39, 32, 17, (), 1),
     "NVFP4": (40, 64, 36, (), 1),
+    "Q2_K": (10, 256, 84, (80, 82), 2),
+    "Q3_K": (11, 256, 110, (108,), 2),
     "Q4_K": (12, 256, 144, (0, 2), 2),
+    "Q5_K": (13, 256, 176, (0, 2), 2),
     "Q6_K": (14, 256, 210, (208,), 2),
+    "IQ4_XS": (23, 256, 136, (0,), 2),
+    "IQ2_XXS": (16, 256, 66, (0,), 2),
     "IQ2_XS": (17, 256, 74, (0,), 2),
+    "IQ3_XXS": (18, 256, 98, (0,), 2),
     "F16": (1, 1, 2, None, 0),
+    "BF16": (30, 1, 2, None, 0),
     "F32": (0, 1, 4, None, 0),
 }
 
@@ -87,6 +100,8 @@ def random_blocks(name: str, n_blocks: int, rng, sane: bool = False) -> bytes:
         return rng.standard_normal(n_blocks).astype(np.float32).tobytes()
     if name == "F16":
         return _halves(rng, n_blocks).tobytes()
+    if name == "BF16":   # the top halves of floats: finite, with their signs and exponents
+        return (rng.standard_normal(n_blocks).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
     raw = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     for off in scales:
         raw[:, off:off + 2] = _halves(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
@@ -183,6 +198,22 @@ def test_device_kernels_match_strata_matmul(checker, name):
     scale = np.abs(x.astype(np.float64)) @ np.abs(wf).T + 1e-30
     err = np.abs(got.astype(np.float64) - want) / scale
     assert err.max() <= 1e-5, f"{name}: relative error {err.max():.3g}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(TYPES))
+def test_device_kernels_equal_their_host_run(checker, name):
+    """k_gemv_act + k_gemv on the GPU give bit for bit what the same source gives on the host (the host
+    op check, tests/native/test_cuda_ops_gemv.c, stands on this)."""
+    rng = np.random.default_rng(300 + TYPES[name][0])
+    tid, bs, _, _, act = TYPES[name]
+    R, NT = 37, 3
+    K = 2560 if bs > 1 else 100
+    w = random_blocks(name, R * K // bs, rng, sane=True)
+    x = rng.standard_normal((NT, K)).astype(np.float32)
+    host = _run(checker, ["dot", tid, act, R, K, NT], w + x.tobytes())
+    dev = _run(checker, ["dot", tid, act, R, K, NT, "--gpu"], w + x.tobytes())
+    assert _same_bits(host, dev), f"{name}: device sums differ from the host's"
 
 
 MODEL_CASES = [("tiny", "q8_0"), ("tiny", "q4_k_m"), ("tiny", "iq2_xs"), ("tiny", "nvfp4"),

@@ -6,10 +6,10 @@
 //                                         stdin: R rows of K values, then NT (default 1) rows of K
 //                                         float32 activations; stdout: NT x R float32,
 //                                         sum_k w[r,k] * act_quant(x_t)[k]: the kernels' arithmetic
-//                                         summed serially, or (--gpu) the kernels themselves
-//                                         (k_act_quant + k_matvec of kernels/cuda/expert_kernels.cuh)
+//                                         (gemv.cuh: gemv_act_block, then 32 lanes of
+//                                         gemv_lane_partial folded as the warp folds them), or (--gpu)
+//                                         the kernels themselves (k_gemv_act + k_gemv)
 // Build: nvcc -I native/src -I <dir of quant_tables.h> -o cuda_blocks_check cuda_blocks_check.cu
-#define STRATA_BLOCKS_DEVICE_TABLES 1
 #include "kernels/cuda/blocks.cuh"
 #include "kernels/cuda/expert_kernels.cuh"
 
@@ -35,7 +35,7 @@ __global__ void k_decode(int type, const uint8_t *row, int64_t n, float *out) {
 static int decode_gpu(int type, const std::vector<unsigned char> &in, int64_t n, float *out) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) { fprintf(stderr, "no GPU\n"); return 2; }
-    if (blk_tables_upload() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
+    if (blk_tables_ready() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
     uint8_t *d_in = NULL;
     float *d_out = NULL;
     if (cudaMalloc((void **)&d_in, in.size() + 1) || cudaMalloc((void **)&d_out, (size_t)n * 4)) return 1;
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         if (gpu) {
             int ndev = 0;
             if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) { fprintf(stderr, "no GPU\n"); return 2; }
-            if (blk_tables_upload() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
+            if (blk_tables_ready() != cudaSuccess) { fprintf(stderr, "table upload failed\n"); return 1; }
             uint8_t *dw = NULL;
             float *dx = NULL, *dy = NULL;
             if (cudaMalloc((void **)&dw, R * row_bytes) || cudaMalloc((void **)&dx, 4 * x.size()) ||
@@ -94,22 +94,22 @@ int main(int argc, char **argv) {
             const int bs = blk_act_block(act);
             if (bs > 1) {
                 const int64_t nb = NT * K / bs;
-                k_act_quant<<<(unsigned)((nb + 127) / 128), 128>>>(dx, nb, act);
+                k_gemv_act<<<(unsigned)((nb + 127) / 128), 128>>>(dx, dx, nb, act);
             }
-            dim3 grid((unsigned)((R + 7) / 8), (unsigned)NT);
-            k_matvec<<<grid, 256>>>(type, dw, row_bytes, R, K, dx, NT, dy);
+            dim3 grid((unsigned)((R + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)NT);
+            k_gemv<<<grid, GEMV_WARPS * OPS_WARP>>>(type, dw, row_bytes, R, K, dx, K, NT, dy, R);
             cudaError_t e = cudaMemcpy(y.data(), dy, 4 * y.size(), cudaMemcpyDeviceToHost);
             if (e != cudaSuccess) { fprintf(stderr, "cuda: %s\n", cudaGetErrorString(e)); return 1; }
         } else {
-            for (int64_t t = 0; t < NT; t++) {
-                float *xt = x.data() + t * K;
-                blk_act_fake_quant(xt, K, act);
+            const int bs = blk_act_block(act);
+            for (int64_t b = 0; b < NT * K / bs; b++) gemv_act_block(x.data(), x.data(), act, b);
+            for (int64_t t = 0; t < NT; t++)
                 for (int64_t r = 0; r < R; r++) {
-                    float acc = 0.0f;
-                    for (int64_t k = 0; k < K; k++) acc += blk_value(type, in.data() + r * row_bytes, k) * xt[k];
-                    y[(size_t)(t * R + r)] = acc;
+                    float p[OPS_WARP];
+                    for (int l = 0; l < OPS_WARP; l++)
+                        p[l] = gemv_lane_partial(type, in.data() + r * row_bytes, K, x.data() + t * K, l);
+                    y[(size_t)(t * R + r)] = ops_fold32(p);
                 }
-            }
         }
         fwrite(y.data(), 4, y.size(), stdout);
         return 0;

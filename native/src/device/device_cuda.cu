@@ -2,18 +2,16 @@
 // memory, a copy stream fed from a pinned staging buffer, and the expert FFN as device kernels.
 //
 // The math is mdev_expert_ffn's (device_sim.c): gate/up rows -> silu(gate * sg) * (up * su) ->
-// down rows. Activations are quantized as the CPU's matmul quantizes them (blocks.cuh:
-// blk_act_fake_quant, per the weight type's activation format), so the results differ from the
-// cpu/sim devices only in float summation order (the CPU sums exact integer products per block;
-// here each lane sums w * (d * q) in float, then a warp reduction).
+// down rows. Activations are quantized as the CPU's matmul quantizes them (gemv.cuh: k_gemv_act,
+// per the weight type's activation format), so the results differ from the cpu/sim devices only in
+// float summation order (the CPU sums exact integer products per block; here each lane sums w * (d * q)
+// in float over the 32-value chunks it decodes, then a warp reduction).
 //
-// Kernels are simple rather than fast: one warp per (output row, token), every lane decoding the
-// values it needs with blk_value (which re-reads the block's scales per value). Ideas for speed:
-// decode a block per lane into registers and reuse it for every token of the group; integer dot
-// products (dp4a) against int8 activations as the CPU does; all groups of one operation in one
-// launch; device-side ordering (cudaStreamWaitEvent) instead of the host round trip per
-// operation; double-buffered staging so the memcpy of blob k+1 overlaps the DMA of blob k.
-#define STRATA_BLOCKS_DEVICE_TABLES 1
+// Kernels are simple rather than fast: one warp per (output row, token) (k_gemv). Ideas for speed:
+// decode a chunk once and reuse it for every token of the group; integer dot products (dp4a) against
+// int8 activations as the CPU does; all groups of one operation in one launch; device-side ordering
+// (cudaStreamWaitEvent) instead of the host round trip per operation; double-buffered staging so the
+// memcpy of blob k+1 overlaps the DMA of blob k.
 #include "kernels/cuda/blocks.cuh"
 #include "kernels/cuda/expert_kernels.cuh"
 
@@ -27,8 +25,6 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include <mutex>
 
 struct cudev {
     int dev;
@@ -47,18 +43,6 @@ static strata_status cu_fail(cudaError_t e, const char *what) {
 }
 
 // ------------------------------------------------------------------------------------ host side
-
-// The __constant__ tables are the same for every device object: written once per process (a second
-// model's create must not rewrite them under the first one's running kernels).
-static cudaError_t upload_tables_once(void) {
-    static std::mutex mu;
-    static bool done = false;
-    std::lock_guard<std::mutex> lock(mu);
-    if (done) return cudaSuccess;
-    const cudaError_t e = blk_tables_upload();
-    done = e == cudaSuccess;
-    return e;
-}
 
 extern "C" int cudev_supports(const mdev_expert_shape *s) {
     return blk_supported(s->tg->type) && (!s->tu || blk_supported(s->tu->type)) && blk_supported(s->td->type);
@@ -83,7 +67,7 @@ extern "C" strata_status cudev_create(int32_t n_slots, size_t slot_bytes, cudev 
     {   // a GPU this library has no code for (its architecture not in CMAKE_CUDA_ARCHITECTURES, no PTX
         // to JIT from) would fail every launch: refuse here rather than compute zeros later
         cudaFuncAttributes fa;
-        if ((e = cudaFuncGetAttributes(&fa, k_matvec))) {
+        if ((e = cudaFuncGetAttributes(&fa, k_gemv))) {
             cudaDeviceProp prop;
             const int have_prop = cudaGetDeviceProperties(&prop, c->dev) == cudaSuccess;
             (void)cudaGetLastError();
@@ -95,7 +79,9 @@ extern "C" strata_status cudev_create(int32_t n_slots, size_t slot_bytes, cudev 
             goto fail;
         }
     }
-    if ((e = upload_tables_once())) { rc = cu_fail(e, "uploading the block tables"); goto fail; }
+    // this file's __constant__ tables, once per device: a second model's create must not rewrite them
+    // under the first one's running kernels
+    if ((e = blk_tables_ready())) { rc = cu_fail(e, "uploading the block tables"); goto fail; }
     if ((e = cudaMalloc((void **)&c->dmem, (size_t)n_slots * slot_bytes))) {
         rc = strata_fail(STRATA_ERR_NOMEM, "cuda device: cannot allocate %d slots of %zu bytes (%s)", n_slots,
                          slot_bytes, cudaGetErrorString(e));
@@ -161,16 +147,15 @@ static cudaError_t ensure_scratch(cudev *c, int64_t n, int64_t E, int64_t F) {
 static void launch_matvec(cudaStream_t s, const strata_qtraits *t, const char *W, int64_t R, int64_t K,
                           const float *x, int64_t n, float *y) {
     const size_t row_bytes = (size_t)(K / t->block_size) * (size_t)t->type_size;
-    const int warps = 8;
-    dim3 grid((unsigned)((R + warps - 1) / warps), (unsigned)(n < 65535 ? n : 65535));
-    k_matvec<<<grid, 32 * warps, 0, s>>>(t->type, (const uint8_t *)W, row_bytes, R, K, x, n, y);
+    dim3 grid((unsigned)((R + GEMV_WARPS - 1) / GEMV_WARPS), (unsigned)(n < 65535 ? n : 65535));
+    k_gemv<<<grid, GEMV_WARPS * OPS_WARP, 0, s>>>(t->type, (const uint8_t *)W, row_bytes, R, K, x, K, n, y, R);
 }
 
 static void launch_act(cudaStream_t s, const strata_qtraits *t, float *x, int64_t n, int64_t K) {
     const int act = (int)t->act;
     if (blk_act_block(act) == 1) return;
     const int64_t nb = n * K / blk_act_block(act);
-    k_act_quant<<<(unsigned)((nb + 127) / 128), 128, 0, s>>>(x, nb, act);
+    k_gemv_act<<<(unsigned)((nb + 127) / 128), 128, 0, s>>>(x, x, nb, act);
 }
 
 extern "C" strata_status cudev_ffn(cudev *c, const mdev_group *g) {

@@ -1,0 +1,96 @@
+/*
+ * gemm.cuh — prefill products Y = X W^T for many activation columns, every weight type of blocks.cuh,
+ * dense tensors and routed experts alike: rows [r0, r1) of W are decoded to a tile (f32, or f16 for the
+ * tensor cores), then the toolkit's GEMM (cuBLAS; gemm.cu) multiplies the tile by the columns. The
+ * CPU's counterpart is strata_gemm (decode exactly, multiply by unquantized activations); strata_matmul
+ * differs from both by its activation quantization.
+ *
+ * Units: gemm_tile_f32 / gemm_tile_f16 decode one 32-value chunk of one row into the tile (a thread per
+ * (row, chunk)): the f32 tile is the C dequantizer's value bit for bit, the f16 tile that value rounded
+ * to the nearest half (ties to even; beyond 65504 it is inf, so the f16 path is for weights whose
+ * values a half holds). gemm_x_f16 rounds one activation to half for the f16 product. Without cuBLAS,
+ * gemm_tile_dot is the product (one output per thread over an f32 tile), so the path works anywhere.
+ */
+#ifndef STRATA_KERNELS_CUDA_GEMM_CUH
+#define STRATA_KERNELS_CUDA_GEMM_CUH
+
+#include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/blocks.cuh"
+
+/* The half nearest f (ties to even), as bits: overflow to inf, NaN stays NaN (quiet, payload top bits). */
+OPS_FN uint16_t gemm_f16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   // rounds past 65504
+    if (ax < 0x38800000u) {                                      // below the smallest normal half: subnormal
+        if (ax < 0x33000000u) return (uint16_t)sign;             // at most half the smallest subnormal
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - (ax >> 23);   // 14 .. 24
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        uint32_t r = m >> shift;
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10);   // rebias the exponent, keep 10 mantissa bits
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;   // a carry into the exponent is right
+    return (uint16_t)(sign | r);
+}
+
+/* Values per tile row are K: chunk c of W row r (r0 <= r) goes to tile[(r - r0) * K + 32c ..]. */
+OPS_FN void gemm_tile_f32(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r, int64_t c,
+                          float *tile) {
+    float v[32];
+    const int n = blk_chunk(type, W + (size_t)r * row_bytes, c, K, v);
+    float *out = tile + (r - r0) * K + 32 * c;
+    for (int i = 0; i < n; i++) out[i] = v[i];
+}
+
+OPS_FN void gemm_tile_f16(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r, int64_t c,
+                          uint16_t *tile) {
+    float v[32];
+    const int n = blk_chunk(type, W + (size_t)r * row_bytes, c, K, v);
+    uint16_t *out = tile + (r - r0) * K + 32 * c;
+    for (int i = 0; i < n; i++) out[i] = gemm_f16_bits(v[i]);
+}
+
+OPS_FN void gemm_x_f16(const float *x, uint16_t *x16, int64_t i) { x16[i] = gemm_f16_bits(x[i]); }
+
+/* dot(tile row, x) over K values in order: the product where there is no cuBLAS. */
+OPS_FN float gemm_tile_dot(const float *trow, const float *x, int64_t K) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) acc = fmaf(trow[k], x[k], acc);
+    return acc;
+}
+
+#ifdef __CUDACC__
+/* Rows [r0, r1) of W to the tile, one thread per (row, chunk): (r1 - r0) * ceil(K / 32) threads. */
+static __global__ void k_gemm_tile_f32(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                                       float *tile) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nc = (K + 31) / 32;
+    if (i < (r1 - r0) * nc) gemm_tile_f32(type, W, row_bytes, K, r0, r0 + i / nc, i % nc, tile);
+}
+
+static __global__ void k_gemm_tile_f16(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r1,
+                                       uint16_t *tile) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nc = (K + 31) / 32;
+    if (i < (r1 - r0) * nc) gemm_tile_f16(type, W, row_bytes, K, r0, r0 + i / nc, i % nc, tile);
+}
+
+static __global__ void k_gemm_x_f16(const float *x, uint16_t *x16, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) gemm_x_f16(x, x16, i);
+}
+
+/* y[t * ldy + r0 + j] = dot(tile row j, x column t) for j < rows, t < n; one thread per output. */
+static __global__ void k_gemm_tile_dot(const float *tile, int64_t rows, int64_t K, const float *x, int64_t n, float *y,
+                                       int64_t ldy, int64_t r0) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * n) return;
+    const int64_t j = i % rows, t = i / rows;
+    y[t * ldy + r0 + j] = gemm_tile_dot(tile + j * K, x + t * K, K);
+}
+#endif
+
+#endif

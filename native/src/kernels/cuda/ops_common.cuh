@@ -1,0 +1,59 @@
+/*
+ * ops_common.cuh — what the forward's CUDA kernels (kernels/cuda/<family>.cuh) share, and the rule
+ * that makes them checkable without a GPU.
+ *
+ * The rule: a kernel's arithmetic lives in OPS_FN functions (__host__ __device__ under nvcc, static
+ * inline C11 under gcc), each computing one unit of a launch (one output element, one row, one head
+ * of one token …). The __global__ kernel calls that function once per unit, and nothing else does
+ * arithmetic; the host op checks (tests/native/test_cuda_ops_<family>.c, compiled by gcc) call the
+ * same function over every unit of the launch grid and compare with the library's C path. So a
+ * broken lane, index or formula in the shared source fails the host check (tests/test_cuda_ops.py
+ * mutates the sources to prove it), and what the host check passes is what the GPU runs — only the
+ * launch configuration, streams, events and speed are left to tools/device_check.sh.
+ *
+ * Reductions across a warp: a kernel that spreads a sum over 32 lanes adds lane l's partial over the
+ * indices k ≡ l (mod 32), then folds the lanes with __shfl_down_sync at offsets 16, 8, 4, 2, 1. The host
+ * reproduces lane 0's result bit for bit: a loop over the 32 lanes that accumulates each lane's partial
+ * in the kernel's order, then ops_fold32 (the same fold order). Device-only code (__global__ kernels, launchers) goes under #ifdef __CUDACC__.
+ */
+#ifndef STRATA_KERNELS_CUDA_OPS_COMMON_CUH
+#define STRATA_KERNELS_CUDA_OPS_COMMON_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define OPS_FN static __host__ __device__ __forceinline__
+#define OPS_DEV static __device__ __forceinline__
+#else
+#define OPS_FN static inline
+#endif
+
+#define OPS_WARP 32
+
+/* Folds 32 lane partials in place as a warp's __shfl_down_sync tree does, and returns lane 0's sum. */
+OPS_FN float ops_fold32(float *p) {
+    for (int o = OPS_WARP / 2; o > 0; o /= 2)
+        for (int l = 0; l < o; l++) p[l] += p[l + o];
+    return p[0];
+}
+
+#ifdef __CUDACC__
+/* Lane 0's sum of v over the warp, in ops_fold32's order (other lanes hold partial sums). */
+OPS_DEV float ops_warp_sum(float v) {
+    for (int o = OPS_WARP / 2; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+/* The warp's maximum, on every lane. */
+OPS_DEV float ops_warp_max(float v) {
+    for (int o = OPS_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* Scalar functions every family uses, written once (the C path's mdl_silu / mdl_sigmoid forms). */
+OPS_FN float ops_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+OPS_FN float ops_silu(float x) { return x / (1.0f + expf(-x)); }
+OPS_FN float ops_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+#endif

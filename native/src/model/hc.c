@@ -11,6 +11,34 @@
 
 #include "util/error.h"
 
+/* The elementwise steps of a read between its products, one function each so that the CUDA
+ * kernels' host check (tests/native/test_cuda_ops_small.c) can compare with them. */
+
+/* a[n] <- silu(a / hc): the division after W_down, before the activation. */
+void mdl_hc_act(float *a, int64_t n, int64_t hc) {
+    for (int64_t i = 0; i < n; i++) a[i] = mdl_silu(a[i] / (float)hc);
+}
+
+/* u[L x E] = (1/hc) sum_j sigmoid(g_j) * xh_j, the streams of g and xh [L x hc*E] in order. */
+void mdl_hc_mix(const float *g, const float *xh, int64_t L, int64_t hc, int64_t E, float *u) {
+    const int64_t W = hc * E;
+    const float inv_hc = 1.0f / (float)hc;
+    for (int64_t t = 0; t < L; t++) {
+        const float *gt = g + t * W, *xt = xh + t * W;
+        float *ut = u + t * E;
+        for (int64_t d = 0; d < E; d++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < hc; j++) acc += mdl_sigmoid(gt[j * E + d]) * xt[j * E + d];
+            ut[d] = acc * inv_hc;
+        }
+    }
+}
+
+/* c[n] = 2 sigmoid(a / hc), a the W_inj product. */
+void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c) {
+    for (int64_t i = 0; i < n; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
+}
+
 strata_status mdl_hc_read(const strata_model *m, const float *X, const float *norm, const mdl_mat *down,
                           const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c) {
     const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
@@ -21,21 +49,12 @@ strata_status mdl_hc_read(const strata_model *m, const float *X, const float *no
     if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
     for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(X + t * W, norm, hc, E, m->hp.eps, xh + t * W);
     if ((rc = mdl_matmul(m, down, 0, xh, L, a))) goto done;
-    const float inv_hc = 1.0f / (float)hc;
-    for (int64_t i = 0; i < L * R; i++) a[i] = mdl_silu(a[i] / (float)hc);
+    mdl_hc_act(a, L * R, hc);
     if ((rc = mdl_matmul(m, up, 0, a, L, g))) goto done;
-    for (int64_t t = 0; t < L; t++) {
-        const float *gt = g + t * W, *xt = xh + t * W;
-        float *ut = u + t * E;
-        for (int64_t d = 0; d < E; d++) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < hc; j++) acc += mdl_sigmoid(gt[j * E + d]) * xt[j * E + d];
-            ut[d] = acc * inv_hc;
-        }
-    }
+    mdl_hc_mix(g, xh, L, hc, E, u);
     if (inject) {
         if ((rc = mdl_matmul(m, inject, 0, xh, L, a))) goto done;
-        for (int64_t i = 0; i < L * hc; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
+        mdl_hc_inject_act(a, L * hc, hc, c);
     }
 done:
     free(xh);

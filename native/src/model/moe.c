@@ -109,6 +109,84 @@ static void store_prefetch(strata_model *m, int il, const float *u, int64_t L, f
     free(pe); free(pk); free(pv); free(seen);
 }
 
+/* The router's softmax over Ne experts in place (logits [L x Ne] become probabilities), then per token
+ * the K most probable (ties: lower id) to pick [L x K] and their probabilities renormalised over
+ * the K to pw [L x K]. */
+void mdl_route(float *logits, int64_t L, int64_t Ne, int64_t K, int32_t *pick, float *pw) {
+    for (int64_t t = 0; t < L; t++) {
+        float *lg = logits + t * Ne;
+        float mx = lg[0];
+        for (int64_t e = 1; e < Ne; e++) if (lg[e] > mx) mx = lg[e];
+        double sum = 0.0;
+        for (int64_t e = 0; e < Ne; e++) { lg[e] = expf(lg[e] - mx); sum += lg[e]; }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t e = 0; e < Ne; e++) lg[e] *= inv;
+        int32_t *pk = pick + t * K;
+        float *wk = pw + t * K;
+        top_k(lg, Ne, K, pk, wk);
+        float ws = 0.0f;
+        for (int64_t i = 0; i < K; i++) ws += wk[i];
+        for (int64_t i = 0; i < K; i++) wk[i] /= ws;
+    }
+}
+
+/* Groups the n (token, k) pairs of pick by expert, a counting sort: count [Ne + 1] (zero on entry)
+ * becomes the prefix sums, expert e's pairs are slot[count[e] .. count[e + 1]) in increasing pair
+ * index. fill: Ne scratch. */
+void mdl_route_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count, int64_t *fill, int64_t *slot) {
+    for (int64_t i = 0; i < n; i++) count[pick[i] + 1]++;
+    for (int64_t e = 0; e < Ne; e++) count[e + 1] += count[e];
+    memcpy(fill, count, (size_t)Ne * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) slot[fill[pick[i]]++] = i;
+}
+
+/* h[n x F] = silu(gate * s1) * (up * s2). fused: row i of g is [gate F | up F]; split: all n gate
+ * rows, then all n up rows. */
+void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, float s2, float *h) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t f = 0; f < F; f++) {
+            const float gv = fused ? g[i * 2 * F + f] : g[i * F + f];
+            const float uv = fused ? g[i * 2 * F + F + f] : g[n * F + i * F + f];
+            h[i * F + f] = mdl_silu(gv * s1) * (uv * s2);
+        }
+}
+
+/* The shared expert's gate sigmoid(w_seg . x) for one token's x[E]. */
+float mdl_moe_shared_gate(const float *w_seg, const float *x, int64_t E) {
+    float d = 0.0f;
+    for (int64_t i = 0; i < E; i++) d += w_seg[i] * x[i];
+    return mdl_sigmoid(d);
+}
+
+/* y[L x E] = sum_k w_k out_k (in slot order per token: experts in increasing id) + sigmoid(w_seg . u)
+ * shared. out: the experts' rows in slot order (count / slot of mdl_route_group), skipped experts
+ * (skipped[e] != 0) add nothing; down / sh_down give the .scale of each product; sho [L x E] the
+ * shared expert's output. */
+void mdl_moe_combine(const mdl_mat *down, const mdl_mat *sh_down, const float *w_seg, const float *u, int64_t L,
+                     int64_t E, int64_t Ne, int64_t K, const int64_t *count, const int64_t *slot, const int8_t *skipped,
+                     const float *pw, const float *out, const float *sho, float *y) {
+    memset(y, 0, (size_t)(L * E) * sizeof(float));
+    for (int64_t e = 0; e < Ne; e++) {
+        const int64_t n = count[e + 1] - count[e], r0 = count[e];
+        if (!n || skipped[e]) continue;   /* a skipped expert adds nothing */
+        const float sd = mdl_mat_scale(down, e);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t sl = slot[r0 + i];
+            const float w = pw[sl] * sd;
+            float *yt = y + (sl / K) * E;
+            const float *oi = out + (r0 + i) * E;
+            for (int64_t d = 0; d < E; d++) yt[d] += w * oi[d];
+        }
+    }
+    const float sd = mdl_mat_scale(sh_down, 0);
+    for (int64_t t = 0; t < L; t++) {
+        const float gate = mdl_moe_shared_gate(w_seg, u + t * E, E) * sd;
+        float *yt = y + t * E;
+        const float *ot = sho + t * E;
+        for (int64_t i = 0; i < E; i++) yt[i] += gate * ot[i];
+    }
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -146,29 +224,11 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         goto done;
     }
     if ((rc = mdl_matmul(m, &l->router, 0, u, L, logits))) goto done;
-    for (int64_t t = 0; t < L; t++) {
-        float *lg = logits + t * Ne;
-        float mx = lg[0];
-        for (int64_t e = 1; e < Ne; e++) if (lg[e] > mx) mx = lg[e];
-        double sum = 0.0;
-        for (int64_t e = 0; e < Ne; e++) { lg[e] = expf(lg[e] - mx); sum += lg[e]; }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t e = 0; e < Ne; e++) lg[e] *= inv;
-        int32_t *pk = pick + t * K;
-        float *wk = pw + t * K;
-        top_k(lg, Ne, K, pk, wk);
-        float ws = 0.0f;
-        for (int64_t i = 0; i < K; i++) ws += wk[i];
-        for (int64_t i = 0; i < K; i++) wk[i] /= ws;
-    }
-    /* group (token, k) pairs by expert: counting sort */
-    for (int64_t i = 0; i < L * K; i++) count[pick[i] + 1]++;
-    for (int64_t e = 0; e < Ne; e++) count[e + 1] += count[e];
+    mdl_route(logits, L, Ne, K, pick, pw);
     {
         int64_t *fill = malloc((size_t)Ne * sizeof(int64_t));
         if (!fill) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
-        memcpy(fill, count, (size_t)Ne * sizeof(int64_t));
-        for (int64_t i = 0; i < L * K; i++) slot[fill[pick[i]]++] = i;
+        mdl_route_group(pick, L * K, Ne, count, fill, slot);
         free(fill);
     }
     /* Every active expert and the shared expert in two pool jobs: [gate, up] of all, then down
@@ -256,20 +316,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n || (kind && kind[e] != OFF_CPU)) continue;
         const float s1 = mdl_mat_scale(&l->exp_gate, e), s2 = l->exp_fused ? s1 : mdl_mat_scale(&l->exp_up, e);
-        const float *g = gu + r0 * 2 * Fe;
-        float *h = hb + r0 * Fe;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t f = 0; f < Fe; f++) {
-                /* fused: row i is [gate Fe | up Fe]; split: all gate rows, then all up rows */
-                const float gv = l->exp_fused ? g[i * 2 * Fe + f] : g[i * Fe + f];
-                const float uv = l->exp_fused ? g[i * 2 * Fe + Fe + f] : g[n * Fe + i * Fe + f];
-                h[i * Fe + f] = mdl_silu(gv * s1) * (uv * s2);
-            }
+        mdl_moe_glu(gu + r0 * 2 * Fe, n, Fe, l->exp_fused, s1, s2, hb + r0 * Fe);
     }
-    {
-        const float s1 = mdl_mat_scale(&l->sh_gate, 0), s2 = mdl_mat_scale(&l->sh_up, 0);
-        for (int64_t i = 0; i < L * Fs; i++) shb[i] = mdl_silu(sg[i] * s1) * (su[i] * s2);
-    }
+    /* the shared expert's [gate rows; up rows] (su follows sg) are the split layout */
+    mdl_moe_glu(sg, L, Fs, 0, mdl_mat_scale(&l->sh_gate, 0), mdl_mat_scale(&l->sh_up, 0), shb);
     nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
@@ -292,31 +342,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     /* after off_finish: it waited for the device's copies out of the RAM slots */
     if (xs_held) { xs_release(m->xs); xs_held = 0; }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
-    memset(y, 0, (size_t)(L * E) * sizeof(float));
-    for (int64_t e = 0; e < Ne; e++) {
-        const int64_t n = count[e + 1] - count[e], r0 = count[e];
-        if (!n || skipped[e]) continue;   /* a skipped expert adds nothing */
-        const float sd = mdl_mat_scale(&l->exp_down, e);
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t sl = slot[r0 + i];
-            const float w = pw[sl] * sd;
-            float *yt = y + (sl / K) * E;
-            const float *oi = out + (r0 + i) * E;
-            for (int64_t d = 0; d < E; d++) yt[d] += w * oi[d];
-        }
-    }
-    {
-        const float sd = mdl_mat_scale(&l->sh_down, 0);
-        for (int64_t t = 0; t < L; t++) {
-            const float *ut = u + t * E;
-            float d = 0.0f;
-            for (int64_t i = 0; i < E; i++) d += l->sh_inp_gate[i] * ut[i];
-            const float gate = mdl_sigmoid(d) * sd;
-            float *yt = y + t * E;
-            const float *ot = sho + t * E;
-            for (int64_t i = 0; i < E; i++) yt[i] += gate * ot[i];
-        }
-    }
+    mdl_moe_combine(&l->exp_down, &l->sh_down, l->sh_inp_gate, u, L, E, Ne, K, count, slot, skipped, pw, out, sho,
+                    y);
 done:
     if (plan) {
         /* an error between off_begin and off_finish: drain the device before the buffers go */

@@ -337,6 +337,69 @@ static void head_task(void *arg, int64_t h, int thread) {
     head_recurrent(J, (int)h, S);
 }
 
+/* One value head's recurrent or chunked form over L rows, from a fresh chunk (no open chunk kept or
+ * left): the heads as head_task runs them, for the CUDA op check (tests/native/test_cuda_ops_gdn.c).
+ * Arguments as gdn_job's; only m->hp is read. Chunked: STRATA_ERR_NOMEM without its scratch. */
+void mdl_gdn_head_recurrent(const strata_model *m, int h, float *S, const float *qn, const float *kn,
+                            const float *cv, const float *beta, const float *g, float *o, int64_t L) {
+    const gdn_job J = {.m = m, .qn = qn, .kn = kn, .cv = cv, .beta = beta, .g = g, .o = o, .L = L};
+    head_recurrent(&J, h, S);
+}
+
+strata_status mdl_gdn_head_chunked(const strata_model *m, int h, float *S, const float *qn, const float *kn,
+                                   const float *cv, const float *beta, const float *g, float *o, int64_t L) {
+    const int64_t C = GDN_CHUNK, dk = m->hp.ssm_dk, dv = m->hp.ssm_dk;
+    float *work = malloc((size_t)(C * C + 2 * C * dv + C * dk + C) * sizeof(float));
+    if (!work) return strata_fail(STRATA_ERR_NOMEM, "GDN: no memory for the chunked form");
+    const gdn_job J = {.m = m, .qn = qn, .kn = kn, .cv = cv, .beta = beta, .g = g, .o = o, .L = L, .chunked = 1};
+    head_chunked(&J, h, S, work);
+    free(work);
+    return STRATA_OK;
+}
+
+/* The causal depthwise conv (Kc taps w [CD][Kc], silu) of L new rows (row t at x + t * ldx, CD channels)
+ * after the conv history conv [(Kc-1) x CD]: cv [L x CD]; conv advances to the window's last Kc-1 rows.
+ * qkv: scratch [(Kc-1+L) x CD], left holding the window (history rows, then the new rows). */
+void mdl_gdn_conv(const float *w, int64_t Kc, int64_t CD, float *conv, const float *x, int64_t ldx, int64_t L,
+                  float *qkv, float *cv) {
+    /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
+    memcpy(qkv, conv, (size_t)((Kc - 1) * CD) * sizeof(float));
+    for (int64_t t = 0; t < L; t++) memcpy(qkv + (Kc - 1 + t) * CD, x + t * ldx, (size_t)CD * sizeof(float));
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t ch = 0; ch < CD; ch++) {
+            const float *wc = w + ch * Kc;
+            float acc = 0.0f;
+            for (int64_t k = 0; k < Kc; k++) acc += wc[k] * qkv[(t + k) * CD + ch];
+            cv[t * CD + ch] = mdl_silu(acc);
+        }
+    memcpy(conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
+}
+
+/* q, k of L conv rows (cv [L x CD]: q at 0, k at Gk*dk): l2norm per key head (eps 1e-6 on the sum),
+ * q also × dk^-½, into qn, kn [L x Gk x dk]. */
+void mdl_gdn_qk_norm(const float *cv, int64_t L, int64_t Gk, int64_t dk, int64_t CD, float *qn, float *kn) {
+    const int64_t KD = Gk * dk;
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t hk = 0; hk < Gk; hk++) {
+            const float *q = cv + t * CD + hk * dk, *k = cv + t * CD + KD + hk * dk;
+            float sq = 0.0f, sk = 0.0f;
+            for (int64_t e = 0; e < dk; e++) { sq += q[e] * q[e]; sk += k[e] * k[e]; }
+            const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+            float *qo = qn + (t * Gk + hk) * dk, *ko = kn + (t * Gk + hk) * dk;
+            for (int64_t e = 0; e < dk; e++) { qo[e] = q[e] * rq * qscale; ko[e] = k[e] * rk; }
+        }
+}
+
+/* In place over L rows of Gv: b ← β = σ(b), a ← g = ssm_a · softplus(a + dt_bias). */
+void mdl_gdn_gates(const float *ssm_a, const float *dt_bias, int64_t L, int64_t Gv, float *b, float *a) {
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t h = 0; h < Gv; h++) {
+            b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
+            a[t * Gv + h] = ssm_a[h] * softplus(a[t * Gv + h] + dt_bias[h]);
+        }
+}
+
 /* The part of the layer between its projections and W_out, for one sequence's L rows: P holds the
  * rows' projections [qkv (CD) | z (VD) | b (Gv) | a (Gv)] (ld floats apart), o receives the gated,
  * normalised head outputs (L x VD). Reads and advances the sequence's conv and recurrent state. */
@@ -378,45 +441,19 @@ static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t
      * the new rows' from row p on */
     if (p) memcpy(qnall + N * KD, st->open, (size_t)(p * KD) * sizeof(float));
     float *cv = cvall + p * CD, *qn = qnall + p * KD;
-    /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
-    memcpy(qkv, st->conv, (size_t)((Kc - 1) * CD) * sizeof(float));
     float *b = baall + p * Gv, *a = baall + N * Gv + p * Gv;
     for (int64_t t = 0; t < L; t++) {
         const float *pt = P + t * ld;
-        memcpy(qkv + (Kc - 1 + t) * CD, pt, (size_t)CD * sizeof(float));
         memcpy(b + t * Gv, pt + CD + VD, (size_t)Gv * sizeof(float));
         memcpy(a + t * Gv, pt + CD + VD + Gv, (size_t)Gv * sizeof(float));
     }
-    /* causal depthwise conv + silu */
-    for (int64_t t = 0; t < L; t++)
-        for (int64_t ch = 0; ch < CD; ch++) {
-            const float *w = l->ssm_conv + ch * Kc;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < Kc; k++) acc += w[k] * qkv[(t + k) * CD + ch];
-            cv[t * CD + ch] = mdl_silu(acc);
-        }
-    memcpy(st->conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
+    mdl_gdn_conv(l->ssm_conv, Kc, CD, st->conv, P, ld, L, qkv, cv);
     if (keep)   /* a verify window: the conv window after each token, for rollback (spec.c) */
         for (int64_t t = 0; t < L; t++)
             memcpy(st->conv_slots + t * (Kc - 1) * CD, qkv + (t + 1) * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
-    /* q, k: l2norm per key head (eps 1e-6 on the sum), q also × dk^-½ */
     float *kn = qnall + N * KD + p * KD;
-    const float qscale = 1.0f / sqrtf((float)dk);
-    for (int64_t t = 0; t < L; t++)
-        for (int64_t hk = 0; hk < Gk; hk++) {
-            const float *q = cv + t * CD + hk * dk, *k = cv + t * CD + KD + hk * dk;
-            float sq = 0.0f, sk = 0.0f;
-            for (int64_t e = 0; e < dk; e++) { sq += q[e] * q[e]; sk += k[e] * k[e]; }
-            const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-            float *qo = qn + (t * Gk + hk) * dk, *ko = kn + (t * Gk + hk) * dk;
-            for (int64_t e = 0; e < dk; e++) { qo[e] = q[e] * rq * qscale; ko[e] = k[e] * rk; }
-        }
-    /* β = σ(b), g = ssm_a · softplus(a + dt_bias) */
-    for (int64_t t = 0; t < L; t++)
-        for (int64_t h = 0; h < Gv; h++) {
-            b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
-            a[t * Gv + h] = l->ssm_a[h] * softplus(a[t * Gv + h] + l->ssm_dt_bias[h]);
-        }
+    mdl_gdn_qk_norm(cv, L, Gk, dk, CD, qn, kn);
+    mdl_gdn_gates(l->ssm_a, l->ssm_dt_bias, L, Gv, b, a);
     g->J = (gdn_job){.m = m, .l = l, .S = st->S, .qn = qnall, .kn = qnall + N * KD, .cv = cvall, .beta = baall,
                      .g = baall + N * Gv, .o = o, .L = N, .skip = p, .chunked = chunked, .open = open,
                      .S_slots = keep ? st->S_slots : NULL,
@@ -434,6 +471,21 @@ static void gdn_keep_open(const gdn_seq *g, mdl_layer_state *st) {
     st->n_open = r;
 }
 
+/* The gated RMS norm per value head, in place over o [L x Gv*dv]: rms(o) · w · act(z), act σ (gate_sigmoid)
+ * or silu; row t's z at z + t * ldz (Gv*dv values). */
+void mdl_gdn_out(float *o, const float *z, int64_t ldz, const float *w, int64_t L, int64_t Gv, int64_t dv, float eps,
+                 int gate_sigmoid) {
+    const int64_t VD = Gv * dv;
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t h = 0; h < Gv; h++) {
+            float *oh = o + t * VD + h * dv;
+            const float *zh = z + t * ldz + h * dv;
+            mdl_rmsnorm(oh, w, dv, eps, oh);
+            for (int64_t e = 0; e < dv; e++)
+                oh[e] *= gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
+        }
+}
+
 /* After the heads ran: the gated RMS norm of the sequence's head outputs. */
 static void gdn_post(const gdn_seq *g, const float *P, int64_t ld) {
     const strata_model *m = g->J.m;
@@ -441,16 +493,7 @@ static void gdn_post(const gdn_seq *g, const float *P, int64_t ld) {
     const mdl_layer *l = g->J.l;
     const int64_t dk = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv;
     const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, L = g->J.L - g->J.skip;
-    float *o = g->J.o;
-    /* gated RMS norm per value head: rms(o) · w · act(z) */
-    for (int64_t t = 0; t < L; t++)
-        for (int64_t h = 0; h < Gv; h++) {
-            float *oh = o + t * VD + h * dv;
-            const float *zh = P + t * ld + CD + h * dv;
-            mdl_rmsnorm(oh, l->ssm_norm, dv, hp->eps, oh);
-            for (int64_t e = 0; e < dv; e++)
-                oh[e] *= hp->gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
-        }
+    mdl_gdn_out(g->J.o, P + CD, ld, l->ssm_norm, L, Gv, dv, hp->eps, hp->gate_sigmoid);
 }
 
 strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,

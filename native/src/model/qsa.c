@@ -17,6 +17,9 @@
  *
  * Pool tasks: pass 1, one query each (selection, shared by all heads); pass 2, one (query,
  * head) pair each.
+ *
+ * The mdl_qsa_* functions below the job (not in model.h) are the ops the CUDA kernels
+ * (kernels/cuda/qsa.cuh) are checked against, one by one (tests/native/test_cuda_ops_qsa.c).
  */
 #include "model.h"
 
@@ -49,6 +52,19 @@ typedef struct { float s; int32_t b; } blk_score;
 /* a ranks before b: higher score, then lower block index */
 static int better(blk_score a, blk_score b) { return a.s > b.s || (a.s == b.s && a.b < b.b); }
 
+/* score_b of one block for one query: Σ_h relu(qI_h · K̂_b) / sqrt(dI), each dot in dim order. */
+float mdl_qsa_block_score(const float *qi, const float *kb, int64_t nI, int64_t dI) {
+    const float inv = 1.0f / sqrtf((float)dI);
+    float sc = 0.0f;
+    for (int64_t h = 0; h < nI; h++) {
+        const float *qh = qi + h * dI;
+        float d = 0.0f;
+        for (int64_t e = 0; e < dI; e++) d += qh[e] * kb[e];
+        sc += d > 0.0f ? d : 0.0f;
+    }
+    return sc * inv;
+}
+
 /* min-heap on "worst at the root" */
 static void sift_down(blk_score *h, int64_t n, int64_t i) {
     for (;;) {
@@ -61,28 +77,15 @@ static void sift_down(blk_score *h, int64_t n, int64_t i) {
     }
 }
 
-static void select_task(void *arg, int64_t t, int thread) {
-    const qsa_job *J = arg;
-    const mdl_hparams *hp = &J->m->hp;
-    const int64_t r = J->l->ratio, P = J->p0 + t, n = P + 1;
-    const int64_t topk = r > 0 ? hp->idx_budget / r : 0;
-    const int64_t nb = r > 0 ? n / r : 0;
-    if (r == 0 || nb <= topk) { J->n_sel[t] = -1; return; }
-    const int64_t nI = hp->idx_heads, dI = hp->idx_dim;
-    blk_score *heap = (blk_score *)(J->scratch + (int64_t)thread * J->scratch_w);
+/* The kept keys of a query that sees n keys (nb = n / r > topk complete blocks of r, scored in
+ * score[nb]): the topk best blocks (better()) in heap order, each as its r keys, then the tail
+ * [nb·r, n). heap: room for topk blk_score. Returns the count. */
+int64_t mdl_qsa_select(const float *score, int64_t nb, int64_t topk, int64_t r, int64_t n, void *heap_mem,
+                       int32_t *sel) {
+    blk_score *heap = heap_mem;
     int64_t hn = 0;
-    const float inv = 1.0f / sqrtf((float)dI);
-    const float *qi = J->iq + t * nI * dI;
     for (int64_t b = 0; b < nb; b++) {
-        const float *kb = J->st->blk + b * dI;
-        float sc = 0.0f;
-        for (int64_t h = 0; h < nI; h++) {
-            const float *qh = qi + h * dI;
-            float d = 0.0f;
-            for (int64_t e = 0; e < dI; e++) d += qh[e] * kb[e];
-            sc += d > 0.0f ? d : 0.0f;
-        }
-        blk_score x = {sc * inv, (int32_t)b};
+        blk_score x = {score[b], (int32_t)b};
         if (hn < topk) {
             /* insert, sift up */
             int64_t i = hn++;
@@ -98,49 +101,57 @@ static void select_task(void *arg, int64_t t, int thread) {
             sift_down(heap, hn, 0);
         }
     }
-    int32_t *sel = J->sel + t * J->sel_cap;
     int64_t k = 0;
     for (int64_t i = 0; i < hn; i++)
         for (int64_t j = 0; j < r; j++) sel[k++] = (int32_t)(heap[i].b * r + j);
     for (int64_t j = nb * r; j < n; j++) sel[k++] = (int32_t)j;
-    J->n_sel[t] = (int32_t)k;
+    return k;
 }
 
-static void load_row(const qsa_job *J, const void *base, int64_t pos, int64_t kvh, int which, float *out) {
+/* Scratch of a selection: the heap (2 (sel_cap + 8) floats), then the nb scores. */
+static void select_task(void *arg, int64_t t, int thread) {
+    const qsa_job *J = arg;
     const mdl_hparams *hp = &J->m->hp;
+    const int64_t r = J->l->ratio, P = J->p0 + t, n = P + 1;
+    const int64_t topk = r > 0 ? hp->idx_budget / r : 0;
+    const int64_t nb = r > 0 ? n / r : 0;
+    if (r == 0 || nb <= topk) { J->n_sel[t] = -1; return; }
+    const int64_t nI = hp->idx_heads, dI = hp->idx_dim;
+    float *heap = J->scratch + (int64_t)thread * J->scratch_w, *score = heap + 2 * (J->sel_cap + 8);
+    const float *qi = J->iq + t * nI * dI;
+    for (int64_t b = 0; b < nb; b++) score[b] = mdl_qsa_block_score(qi, J->st->blk + b * dI, nI, dI);
+    J->n_sel[t] = (int32_t)mdl_qsa_select(score, nb, topk, r, n, heap, J->sel + t * J->sel_cap);
+}
+
+static void load_row(const strata_model *m, const mdl_layer_state *st, int kv_type, const strata_qtraits *f16,
+                     const void *base, int64_t pos, int64_t kvh, int which, float *out) {
+    const mdl_hparams *hp = &m->hp;
     const int64_t hd = hp->head_dim, off = (pos * hp->n_head_kv + kvh) * hd;
-    if (J->kv_type == STRATA_KV_F32) {
+    if (kv_type == STRATA_KV_F32) {
         memcpy(out, (const float *)base + off, (size_t)hd * sizeof(float));
-    } else if (J->kv_type == STRATA_KV_F16) {
-        J->f16->dequant[J->m->isa]((const uint16_t *)base + off, out, hd);   /* F16C on the AVX2 path */
+    } else if (kv_type == STRATA_KV_F16) {
+        f16->dequant[m->isa]((const uint16_t *)base + off, out, hd);   /* F16C on the AVX2 path */
     } else {
         const int8_t *p = (const int8_t *)base + off;
-        const float d = J->st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which];
+        const float d = st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which];
         for (int64_t e = 0; e < hd; e++) out[e] = d * (float)p[e];
     }
 }
 
-
-/* One query and one KV head: the group's query heads share every K and V row, so each row is
- * read (and converted from f16/int8) once for all of them. */
-static void attn_task(void *arg, int64_t task, int thread) {
-    const qsa_job *J = arg;
-    const mdl_hparams *hp = &J->m->hp;
+/* One query (at position P, ns kept keys sel[] or ns < 0: all P + 1) and one KV head: the group's
+ * query heads q (grp x hd) share every K and V row, so each row is read (and converted from
+ * f16/int8) once for all of them. w: grp x n scores, then a row; o: the group's outputs (grp x hd). */
+void mdl_qsa_attn_group(const strata_model *m, const mdl_layer_state *st, int kv_type, const strata_qtraits *f16,
+                        const float *q, int64_t P, const int32_t *sel, int32_t ns, int64_t kvh, float *w, float *o) {
+    const mdl_hparams *hp = &m->hp;
     const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, grp = H / Hkv;
-    const int64_t t = task / Hkv, kvh = task % Hkv;
-    const int64_t P = J->p0 + t;
-    const int32_t ns = J->n_sel[t];
     const int64_t n = ns < 0 ? P + 1 : ns;
-    const int32_t *sel = J->sel + t * J->sel_cap;
-    float *w = J->scratch + (int64_t)thread * J->scratch_w;   /* grp x n scores, then a row */
     float *row = w + grp * n;
-    const float *q = J->q + (t * H + kvh * grp) * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int64_t i = 0; i < n; i++) {
-        load_row(J, J->st->k, ns < 0 ? i : sel[i], kvh, 0, row);
+        load_row(m, st, kv_type, f16, st->k, ns < 0 ? i : sel[i], kvh, 0, row);
         for (int64_t g = 0; g < grp; g++) w[g * n + i] = mdl_dot8(q + g * hd, row, hd) * scale;
     }
-    float *o = J->o + (t * H + kvh * grp) * hd;
     float inv[256];
     for (int64_t g = 0; g < grp; g++) {
         float *wg = w + g * n;
@@ -152,7 +163,7 @@ static void attn_task(void *arg, int64_t task, int thread) {
         for (int64_t e = 0; e < hd; e++) o[g * hd + e] = 0.0f;
     }
     for (int64_t i = 0; i < n; i++) {
-        load_row(J, J->st->v, ns < 0 ? i : sel[i], kvh, 1, row);
+        load_row(m, st, kv_type, f16, st->v, ns < 0 ? i : sel[i], kvh, 1, row);
         for (int64_t g = 0; g < grp; g++) {
             const float p = w[g * n + i] * inv[g];
             float *og = o + g * hd;
@@ -161,8 +172,20 @@ static void attn_task(void *arg, int64_t task, int thread) {
     }
 }
 
-static void store_row(const strata_session *s, mdl_layer_state *st, void *base, int64_t pos, int64_t kvh,
-                      int which, const float *x) {
+static void attn_task(void *arg, int64_t task, int thread) {
+    const qsa_job *J = arg;
+    const mdl_hparams *hp = &J->m->hp;
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, grp = H / Hkv;
+    const int64_t t = task / Hkv, kvh = task % Hkv;
+    const int64_t q0 = (t * H + kvh * grp) * hd;
+    mdl_qsa_attn_group(J->m, J->st, J->kv_type, J->f16, J->q + q0, J->p0 + t, J->sel + t * J->sel_cap, J->n_sel[t],
+                       kvh, J->scratch + (int64_t)thread * J->scratch_w, J->o + q0);
+}
+
+/* Row (pos, kvh) of the K (which 0) or V (which 1) cache at base, from x (hd values), in the session's
+ * kv_type: f32, f16 (round to nearest even), or int8 codes with the row's scale in kv_scale. */
+void mdl_qsa_store_row(const strata_session *s, mdl_layer_state *st, void *base, int64_t pos, int64_t kvh, int which,
+                       const float *x) {
     const mdl_hparams *hp = &s->m->hp;
     const int64_t hd = hp->head_dim, off = (pos * hp->n_head_kv + kvh) * hd;
     const int kv = s->m->params.kv_type;
@@ -180,6 +203,25 @@ static void store_row(const strata_session *s, mdl_layer_state *st, void *base, 
         for (int64_t e = 0; e < hd; e++) p[e] = (int8_t)lrintf(x[e] * id);
         st->kv_scale[(pos * hp->n_head_kv + kvh) * 2 + which] = d;
     }
+}
+
+/* tmp[dI] = the mean of block b's r raw indexer keys (idx_k rows b·r ..), summed in key order. */
+void mdl_qsa_blk_pool(const float *idx_k, int64_t b, int64_t r, int64_t dI, float *tmp) {
+    for (int64_t e = 0; e < dI; e++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < r; j++) acc += idx_k[(b * r + j) * dI + e];
+        tmp[e] = acc / (float)r;
+    }
+}
+
+/* kb[dI] = K̂_b = rope_{b·r}(N1(mean of block b's raw keys; norm_w)); tmp[dI], bc, bs[n_rot / 2] scratch. */
+void mdl_qsa_blk_summary(const mdl_hparams *hp, const float *norm_w, int64_t r, const float *idx_k, int64_t b,
+                         float *tmp, float *bc, float *bs, float *kb) {
+    const int64_t dI = hp->idx_dim;
+    mdl_qsa_blk_pool(idx_k, b, r, dI, tmp);
+    mdl_rmsnorm(tmp, norm_w, dI, hp->eps, kb);
+    mdl_rope_angles(hp->rope_theta, hp->n_rot, b * r, bc, bs);
+    mdl_rope(kb, hp->n_rot, bc, bs);
 }
 
 /* The layer between its projections and W_o for one sequence's L rows at positions p0..: qg (L x 2H hd:
@@ -218,7 +260,8 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
     const int64_t grp = H / Hkv;
     if (grp > 256) return strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il, (long long)grp);
     int64_t scratch_w = grp * n_max + hd;               /* attention: scores of the group + a row */
-    if (scratch_w < 2 * (sel_cap + 8)) scratch_w = 2 * (sel_cap + 8);  /* selection: the block heap */
+    const int64_t sel_w = 2 * (sel_cap + 8) + (r > 0 ? n_max / r : 0);  /* selection: the block heap, the scores */
+    if (scratch_w < sel_w) scratch_w = sel_w;
     float *q = g->q = malloc((size_t)(L * H * hd) * sizeof(float));
     float *cs = g->cs = malloc((size_t)(L * half * 2 + 2 * half) * sizeof(float));
     int32_t *sel = g->sel = malloc((size_t)(L * sel_cap) * sizeof(int32_t));
@@ -241,8 +284,8 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
         for (int64_t h = 0; h < Hkv; h++) {
             mdl_rmsnorm(kk + (t * Hkv + h) * hd, l->attn_k_norm, hd, hp->eps, tmp);
             mdl_rope(tmp, hp->n_rot, c, sn);
-            store_row(s, st, st->k, p0 + t, h, 0, tmp);
-            store_row(s, st, st->v, p0 + t, h, 1, vv + (t * Hkv + h) * hd);
+            mdl_qsa_store_row(s, st, st->k, p0 + t, h, 0, tmp);
+            mdl_qsa_store_row(s, st, st->v, p0 + t, h, 1, vv + (t * Hkv + h) * hd);
         }
         for (int64_t h = 0; h < nI; h++) {
             float *qh = iq + (t * nI + h) * dI;
@@ -256,15 +299,7 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
         float *bc = cs + L * half * 2, *bs = bc + half;
         while ((st->n_blk + 1) * r <= p0 + L) {
             const int64_t b = st->n_blk;
-            float *kb = st->blk + b * dI;
-            for (int64_t e = 0; e < dI; e++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < r; j++) acc += st->idx_k[(b * r + j) * dI + e];
-                tmp[e] = acc / (float)r;
-            }
-            mdl_rmsnorm(tmp, l->idx_k_norm, dI, hp->eps, kb);
-            mdl_rope_angles(hp->rope_theta, hp->n_rot, b * r, bc, bs);
-            mdl_rope(kb, hp->n_rot, bc, bs);
+            mdl_qsa_blk_summary(hp, l->idx_k_norm, r, st->idx_k, b, tmp, bc, bs, st->blk + b * dI);
             st->n_blk++;
         }
     }
@@ -274,16 +309,18 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
     return STRATA_OK;
 }
 
+/* The output gate of one head: oh[e] *= σ(gh[e]). */
+void mdl_qsa_gate(float *oh, const float *gh, int64_t hd) {
+    for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
+}
+
 /* After the selection and attention ran: the output gate σ(gate) per head. */
 static void qsa_post(const qsa_seq *g) {
     const mdl_hparams *hp = &g->J.m->hp;
     const int64_t H = hp->n_head, hd = hp->head_dim, L = g->J.L;
     for (int64_t t = 0; t < L; t++)
-        for (int64_t h = 0; h < H; h++) {
-            float *oh = g->J.o + (t * H + h) * hd;
-            const float *gh = g->qg + t * 2 * H * hd + h * 2 * hd + hd;
-            for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
-        }
+        for (int64_t h = 0; h < H; h++)
+            mdl_qsa_gate(g->J.o + (t * H + h) * hd, g->qg + t * 2 * H * hd + h * 2 * hd + hd, hd);
 }
 
 /* The projections of R rows, each one product over all of them, then per sequence i (st[i], p0[i], Ls[i]

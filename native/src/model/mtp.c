@@ -33,6 +33,20 @@
 
 #include "util/error.h"
 
+/* One row's fusion input, hc rows of 2E: [N(e; enorm) | (N(h; hnorm))_s] for each stream s, the norm of
+ * h taken once over all hc*E values. tmp: hc*E floats of scratch. Its own function for the CUDA
+ * kernels' host check (tests/native/test_cuda_ops_ple.c); not in model.h. */
+void mdl_mtp_norm_concat(const float *e, const float *h, const float *enorm, const float *hnorm, int64_t hc,
+                         int64_t E, float eps, float *row, float *tmp) {
+    mdl_rmsnorm(e, enorm, E, eps, row);
+    mdl_rmsnorm(h, hnorm, hc * E, eps, tmp);
+    for (int64_t j = 0; j < hc; j++) {
+        float *rj = row + j * 2 * E;
+        if (j) memcpy(rj, row, (size_t)E * sizeof(float));
+        memcpy(rj + E, tmp + j * E, (size_t)E * sizeof(float));
+    }
+}
+
 /* Rows [i0, i0 + L) of the call: fusion, the decoder block, then chain/logits of rows [row0, L). */
 static strata_status mtp_step(strata_session *s, const float *hidden, const int32_t *ids, int64_t L, int64_t p0,
                               int64_t row0, float *logits, float *chain, float *X, float *in2, float *u, float *y,
@@ -45,15 +59,8 @@ static strata_status mtp_step(strata_session *s, const float *hidden, const int3
     strata_status rc;
     /* fusion input: per (row, stream) [N(e; enorm) | (N(h; hnorm))_s] */
     for (int64_t t = 0; t < L; t++) {
-        float *row = in2 + t * hc * 2 * E;
         m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, y, E);
-        mdl_rmsnorm(y, m->mtp_enorm, E, hp->eps, row);
-        mdl_rmsnorm(hidden + t * W, m->mtp_hnorm, W, hp->eps, X);   /* X as a one-row temporary */
-        for (int64_t j = 0; j < hc; j++) {
-            float *rj = row + j * 2 * E;
-            if (j) memcpy(rj, row, (size_t)E * sizeof(float));
-            memcpy(rj + E, X + j * E, (size_t)E * sizeof(float));
-        }
+        mdl_mtp_norm_concat(y, hidden + t * W, m->mtp_enorm, m->mtp_hnorm, hc, E, hp->eps, in2 + t * hc * 2 * E, X);
     }
     /* r_s = eh_proj · [ê | ĥ_s]: L*hc rows of E, which is X's [L x hc*E] layout */
     if ((rc = mdl_matmul(m, &m->mtp_eh_proj, 0, in2, L * hc, X))) return rc;

@@ -350,20 +350,42 @@ strata_status mdl_ple_submit(strata_session *const *ss, const int32_t *const *id
     return STRATA_OK;
 }
 
-/* One sequence's gate and conv (the part of the layer on its own state): X, gv, key, val, qry are its
- * L rows. */
-static void ple_mix(strata_session *s, const mdl_layer *l, int64_t L, const float *key, const float *val,
-                    float *X, float *gv, float *ext, float *qry) {
-    const mdl_hparams *hp = &s->m->hp;
-    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, n = hp->ple_n, Kp = hp->ple_kp;
-    const int64_t hist = (Kp - 1) * n;
+/* The ops of the layer as functions of their own, so that the CUDA kernels' host check
+ * (tests/native/test_cuda_ops_ple.c) compares with exactly what this path computes. Not in model.h:
+ * only this file and that check call them. */
+
+/* Gathered packed rows -> emb: row i (t-major, head-minor, as the worker lays them) is head i % NH of
+ * token i / NH, dP values at emb + (i / NH) * E + (i % NH) * dP. GGUF rows decode with t's dequantizer;
+ * t NULL: packed NVFP4 rows, each scaled by its shard's weight_scale_2 (row_ids: the rows' table ids). */
+void mdl_ple_dequant(const uint8_t *buf, size_t rb, int64_t n_rows, int64_t NH, int64_t dP, int64_t E,
+                     const strata_qtraits *t, const uint64_t *row_ids, const float *gscale, int64_t n_shard,
+                     int64_t shard_rows, float *emb) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        float *dst = emb + (i / NH) * E + (i % NH) * dP;
+        if (!t) {
+            int64_t sh = (int64_t)(row_ids[i] / (uint64_t)shard_rows);
+            if (sh >= n_shard) sh = n_shard - 1;
+            ple_nvfp4_row(buf + (size_t)i * rb, dst, dP, gscale[sh]);
+        }
+        else t->dequant[0]((const char *)buf + (size_t)i * rb, dst, dP);
+    }
+}
+
+/* key (R rows of hc*E, in place) = G(W_key emb; w_key), once W_key emb is there. */
+void mdl_ple_key_norm(float *key, const float *w, int64_t R, int64_t hc, int64_t E, float eps) {
+    for (int64_t t = 0; t < R; t++) mdl_group_rmsnorm(key + t * hc * E, w, hc, E, eps, key + t * hc * E);
+}
+
+/* The gate of L tokens: qry = G(X_t; w_query), per stream s = key·qry / sqrt(E), g = sign(s)
+ * sqrt(max(|s|, 1e-6)), gv = σ(g) val; gvn = G(gv; w_conv). qry: one row (hc*E) of scratch. */
+void mdl_ple_gate(const float *X, const float *key, const float *val, const float *w_query, const float *w_conv,
+                  int64_t L, int64_t hc, int64_t E, float eps, float *gv, float *gvn, float *qry) {
+    const int64_t W = hc * E;
     const float inv_sqrt_e = 1.0f / sqrtf((float)E);
-    float *gvn = ext + hist * W;
-    memcpy(ext, s->ple_conv, (size_t)(hist * W) * sizeof(float));
     for (int64_t t = 0; t < L; t++) {
         const float *kt = key + t * W;
         float *gt = gv + t * W;
-        mdl_group_rmsnorm(X + t * W, l->ple_norm_query, hc, E, hp->eps, qry);
+        mdl_group_rmsnorm(X + t * W, w_query, hc, E, eps, qry);
         for (int64_t j = 0; j < hc; j++) {
             float d = 0.0f;
             for (int64_t e = 0; e < E; e++) d += kt[j * E + e] * qry[j * E + e];
@@ -372,22 +394,42 @@ static void ple_mix(strata_session *s, const mdl_layer *l, int64_t L, const floa
             const float sg = mdl_sigmoid(g);
             for (int64_t e = 0; e < E; e++) gt[j * E + e] = sg * val[t * E + e];
         }
-        mdl_group_rmsnorm(gt, l->ple_norm_conv, hc, E, hp->eps, gvn + t * W);
+        mdl_group_rmsnorm(gt, w_conv, hc, E, eps, gvn + t * W);
     }
+}
+
+/* The conv of L tokens: ext holds hist = (Kp-1)*n rows of history (oldest first), then the L rows of
+ * gvn; X_t += gv_t + silu(Σ_k w[c][k] ext[hist + t - (Kp-1-k) n][c]). Then state gets the last hist rows
+ * of ext, and (slots not NULL: a verify window) slot t the hist rows that end with token t. */
+void mdl_ple_conv(const float *ext, const float *gv, const float *w_conv, int64_t L, int64_t W, int64_t Kp, int64_t n,
+                  float *X, float *state, float *slots) {
+    const int64_t hist = (Kp - 1) * n;
     for (int64_t t = 0; t < L; t++) {
         float *xt = X + t * W;
         const float *gt = gv + t * W;
         for (int64_t c = 0; c < W; c++) {
-            const float *w = l->ple_conv + c * Kp;
+            const float *w = w_conv + c * Kp;
             float acc = 0.0f;
             for (int64_t k = 0; k < Kp; k++) acc += w[k] * ext[(hist + t - (Kp - 1 - k) * n) * W + c];
             xt[c] += gt[c] + mdl_silu(acc);
         }
     }
-    memcpy(s->ple_conv, ext + L * W, (size_t)(hist * W) * sizeof(float));
-    if (mdl_spec_active(s))
+    memcpy(state, ext + L * W, (size_t)(hist * W) * sizeof(float));
+    if (slots)
         for (int64_t t = 0; t < L; t++)
-            memcpy(s->ple_conv_slots + t * hist * W, ext + (t + 1) * W, (size_t)(hist * W) * sizeof(float));
+            memcpy(slots + t * hist * W, ext + (t + 1) * W, (size_t)(hist * W) * sizeof(float));
+}
+
+/* One sequence's gate and conv (the part of the layer on its own state): X, gv, key, val, qry are its
+ * L rows. */
+static void ple_mix(strata_session *s, const mdl_layer *l, int64_t L, const float *key, const float *val,
+                    float *X, float *gv, float *ext, float *qry) {
+    const mdl_hparams *hp = &s->m->hp;
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, n = hp->ple_n, Kp = hp->ple_kp;
+    const int64_t hist = (Kp - 1) * n;
+    memcpy(ext, s->ple_conv, (size_t)(hist * W) * sizeof(float));
+    mdl_ple_gate(X, key, val, l->ple_norm_query, l->ple_norm_conv, L, hc, E, hp->eps, gv, ext + hist * W, qry);
+    mdl_ple_conv(ext, gv, l->ple_conv, L, W, Kp, n, X, s->ple_conv, mdl_spec_active(s) ? s->ple_conv_slots : NULL);
 }
 
 /* The context becomes the last n-1 ids of (old context, ids); a verify window keeps the ids after
@@ -446,17 +488,8 @@ strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, cons
     {
         /* the cpu device dequantizes the packed rows here (t-major, head-minor, as the worker laid them) */
         const double t0 = ple_now();
-        const uint8_t *buf = pe->worker.buf;
-        const size_t rb = m->ple_table_row;
-        for (int64_t i = 0; i < R * NH; i++) {
-            float *dst = emb + (i / NH) * E + (i % NH) * dP;
-            if (pe->external) {
-                int64_t sh = (int64_t)(pe->worker.rows[i] / (uint64_t)pe->shard_rows);
-                if (sh >= pe->n_shard) sh = pe->n_shard - 1;
-                ple_nvfp4_row(buf + (size_t)i * rb, dst, dP, pe->gscale[sh]);
-            }
-            else m->ple_table_t->dequant[0]((const char *)buf + (size_t)i * rb, dst, dP);
-        }
+        mdl_ple_dequant(pe->worker.buf, m->ple_table_row, R * NH, NH, dP, E, pe->external ? NULL : m->ple_table_t,
+                        pe->worker.rows, pe->gscale, pe->n_shard, pe->shard_rows, emb);
         all.dequant_s += ple_now() - t0;
     }
     ple_release(&pe->worker, ss[0]);
@@ -467,7 +500,7 @@ strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, cons
     /* the products over every sequence's rows at once; the rest on each one's own state */
     if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, R, key))) goto done;
     if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, R, val))) goto done;
-    for (int64_t t = 0; t < R; t++) mdl_group_rmsnorm(key + t * W, l->ple_norm_key, hc, E, hp->eps, key + t * W);
+    mdl_ple_key_norm(key, l->ple_norm_key, R, hc, E, hp->eps);
     for (int64_t i = 0, r = 0; i < n; r += Ls[i], i++)
         ple_mix(ss[i], l, Ls[i], key + r * W, val + r * E, X + r * W, gv, ext, qry);
 done:

@@ -5,10 +5,11 @@
 #   1. the GPU and its compute capability (nvidia-smi) -> CMAKE_CUDA_ARCHITECTURES
 #   2. configure + build libstrata with CUDA for that architecture only (own build dir)
 #   3. small models: tiny in every recipe, small in q4_k_m / iq2_xs / nvfp4 (tools/make_model.py)
-#   4. tests/test_cuda.py (host block checks + the GPU tests: device decoders, cuda == cpu numbers,
+#   4. the forward's kernels on the host against the C path, op by op (tools/cuda_ops.py), and
+#      tests/test_cuda.py (host block checks + the GPU tests: device decoders, cuda == cpu numbers,
 #      cache hits, event order, link probe)
 #   5. a short benchmark: --device cuda vs --device cpu on small q4_k_m (prefill + decode tokens/s)
-#   6. a summary; exit status 1 if any step failed.
+#   6. a summary (summary.txt, and summary.json in $OUT or DEVICE_CHECK_DIR); exit status 1 if any step failed.
 #
 # Environment: $OUT (the `run` tool's result folder), when set, receives the step logs and the summary.
 # DEVICE_CHECK_DRY=1 skips the GPU steps (nvidia-smi, the GPU tests, the benchmark's cuda
@@ -22,6 +23,7 @@ DIR=${DEVICE_CHECK_DIR:-/tmp/device_check}
 BUILD=$DIR/build
 MODELS=$DIR/models
 mkdir -p "$DIR" "$MODELS"
+rm -f "$DIR/bench.jsonl" "$DIR/ops.json"
 export DIR MODELS
 JOBS=$(nproc 2>/dev/null || echo 2)
 T_START=$(date +%s)
@@ -99,6 +101,8 @@ step models 150 make_models
 export STRATA_CUDA_MODEL_DIR=$MODELS
 
 # ------------------------------------------------------------------ 4. tests
+# the forward's kernels on the host against the C path, op by op (tests/test_cuda_ops.py; tools/cuda_ops.py)
+step ops_host 300 python3 tools/cuda_ops.py --build "$DIR/ops_build" --json --out "$DIR/ops.json"
 if [ "$DRY" = 1 ]; then
   step test_cuda_host 120 python3 -m pytest -q -x tests/test_cuda.py -k "host or refuses"
   skip test_cuda_gpu "DEVICE_CHECK_DRY=1"
@@ -109,7 +113,7 @@ fi
 # ------------------------------------------------------------------ 5. benchmark
 bench() {  # device...
   python3 - "$MODELS/small-q4_k_m.gguf" "$@" <<'PY'
-import sys, time
+import json, os, sys, time
 import numpy as np
 from pyrunner.model import Model
 path, devices = sys.argv[1], sys.argv[2:]
@@ -124,6 +128,9 @@ for dev in devices:
     t2 = time.perf_counter()
     print(f"{dev:5s} prefill {len(prompt) / (t1 - t0):8.1f} tok/s   decode {32 / (t2 - t1):7.1f} tok/s   "
           f"{m.offload_log if dev != 'cpu' else ''}")
+    with open(os.environ["DIR"] + "/bench.jsonl", "a") as f:   # summary.json's "bench" rows
+        f.write(json.dumps({"device": dev, "vram_gib": None, "cache_share": None if dev == "cpu" else "cache_gib 1.0",
+                            "prefill_tps": len(prompt) / (t1 - t0), "decode_tps": 32 / (t2 - t1)}) + "\n")
     if dev != "cpu":
         st = m.offload_stats()
         print("      ", {k: st[k] for k in ("cache_hits", "probe_gbps", "slot_bytes") if k in st})
@@ -138,6 +145,30 @@ else
 fi
 
 # ------------------------------------------------------------------ 6. summary
+# summary.json: {"gpu", "arch", "ops": {NAME: {"types", "host", "device"}}, "models": [...], "bench": [...]}
+# (issue 19 point 5). "device" is "skipped" for every op until the device op runner exists: the kernels are
+# compiled into the CUDA build, but no step launches them against the host's numbers yet.
+python3 - "$DIR" "$ARCH" "$DRY" <<'PY' || FAILED=1
+import json, os, subprocess, sys
+d, arch, dry = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+gpu = None
+if not dry:
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()[0]
+    except Exception:
+        gpu = None
+ops = {}
+if os.path.exists(f"{d}/ops.json"):
+    for name, e in json.load(open(f"{d}/ops.json")).items():
+        ops[name] = {"types": e["types"], "host": e["host"], "device": "skipped"}
+bench = [json.loads(l) for l in open(f"{d}/bench.jsonl")] if os.path.exists(f"{d}/bench.jsonl") else []
+summary = {"gpu": gpu, "arch": arch, "ops": ops, "models": [], "bench": bench}
+out = os.environ.get("OUT") or d
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print(f"summary.json: {len(ops)} ops ({sum(e['host'] == 'pass' for e in ops.values())} pass on the host), "
+      f"{len(bench)} bench rows -> {out}/summary.json")
+PY
 {
   echo
   echo "=== device_check summary (arch $ARCH, $(( $(date +%s) - T_START ))s, logs in $DIR)"

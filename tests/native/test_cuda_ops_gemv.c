@@ -12,7 +12,7 @@
 // MUTATION: kernels/cuda/blocks.cuh | (uint64_t)grid[qs[2 * l + 1]] << 32 | (uint64_t)grid[qs[2 * l]] << 32 | gemm.iq3_xxs
 // MUTATION: kernels/cuda/blocks.cuh | (int)(blk_u16(b + 2) >> (2 * j)) & 3; | (int)(blk_u16(b + 2) >> j) & 3; | gemm.iq4_xs
 // MUTATION: kernels/cuda/gemm.cuh | float *out = tile + (r - r0) * K + 32 * c; | float *out = tile + (r - r0) * K + 31 * c; | gemm.q6_k
-// MUTATION: kernels/cuda/gemm.cuh | uint32_t r = (ax >> 13) - (112u << 10); | uint32_t r = (ax >> 13) - (111u << 10); | gemm.q8_0
+// MUTATION: kernels/cuda/ops_common.cuh | uint32_t r = (ax >> 13) - (112u << 10); | uint32_t r = (ax >> 13) - (111u << 10); | gemm.q8_0
 // MUTATION: kernels/cuda/gemm.cuh | for (int64_t k = 0; k < K; k++) acc = fmaf(trow[k], x[k], acc); | for (int64_t k = 1; k < K; k++) acc = fmaf(trow[k], x[k], acc); | gemm.f32
 /*
  * test_cuda_ops_gemv.c — the host check of the CUDA matrix products (issue 19 point 4): kernels/cuda/

@@ -1,11 +1,11 @@
-// MUTATION: kernels/cuda/qsa.cuh | p[e] = qsa_f32_to_f16(x[e]); | p[e] = qsa_f32_to_f16(x[e ^ 1]); | qsa.store
+// MUTATION: kernels/cuda/qsa.cuh | p[e] = ops_f32_to_f16(x[e]); | p[e] = ops_f32_to_f16(x[e ^ 1]); | qsa.store
 // MUTATION: kernels/cuda/qsa.cuh | if (lane == 0) scale[row * 2 + which] = d; | if (lane == 0) scale[row * 2] = d; | qsa.store
 // MUTATION: kernels/cuda/qsa.cuh | e += OPS_WARP) m = fmaxf(m, fabsf(x[e])); | e += 2 * OPS_WARP) m = fmaxf(m, fabsf(x[e])); | qsa.store
 // MUTATION: kernels/cuda/qsa.cuh | for (int64_t j = 0; j < r; j++) acc += idx_k | for (int64_t j = 0; j < r - 1; j++) acc += idx_k | qsa.store
 // MUTATION: kernels/cuda/qsa.cuh | sc += d > 0.0f ? d : 0.0f; | sc += d; | qsa.index
 // MUTATION: kernels/cuda/qsa.cuh | const float *qh = qi + h * dI; | const float *qh = qi + h; | qsa.index
 // MUTATION: kernels/cuda/qsa.cuh | (is_eq && eq_rank < need) | (is_eq && eq_rank <= need) | qsa.select
-// MUTATION: kernels/cuda/qsa.cuh | qsa_f32_bits(s == 0.0f ? 0.0f : s); | qsa_f32_bits(s); | qsa.select
+// MUTATION: kernels/cuda/qsa.cuh | ops_f32_bits(s == 0.0f ? 0.0f : s); | ops_f32_bits(s); | qsa.select
 // MUTATION: kernels/cuda/qsa.cuh | for (int64_t b = lane; b < nb; b += OPS_WARP) c += | for (int64_t b = lane + 1; b < nb; b += OPS_WARP) c += | qsa.select
 // MUTATION: kernels/cuda/qsa.cuh | const uint32_t below = (1u << lane) - 1u; | const uint32_t below = (1u << lane); | qsa.select
 // MUTATION: kernels/cuda/qsa.cuh | for (int64_t j = nb * r + lane; j < n; | for (int64_t j = nb * r + lane + 1; j < n; | qsa.select

@@ -11,7 +11,7 @@
  *
  * Every value is rounded exactly as the C dequantizer (quant/fmt_*.c, built with -ffp-contract=off)
  * rounds it: the same float products in the same order, so host and device agree bit for bit with
- * gguf.quants. A product followed by an add goes through blk_mul, so nvcc cannot fuse the two.
+ * gguf.quants. A product followed by an add goes through ops_mul (ops_common.cuh), so nvcc cannot fuse the two.
  * Types (every type the loader accepts, blk_supported): F32 F16 BF16, Q4_0 Q4_1 Q5_0 Q5_1 Q8_0,
  * IQ4_NL MXFP4 NVFP4, Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS, IQ2_XXS IQ2_XS IQ3_XXS.
  *
@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "quant_tables.h"
+#include "kernels/cuda/ops_common.cuh"
 
 #ifdef __CUDACC__
 #define BLK_FN static __host__ __device__ __forceinline__
@@ -58,47 +59,27 @@ static __constant__ int8_t blk_c_iq4nl[16], blk_c_mxfp4[16], blk_c_nvfp4[16];
 #define BLK_TAB(dev, host) (host)
 #endif
 
-BLK_FN float blk_bits_f32(uint32_t b) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(b);
-#else
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-#endif
-}
-
-/* A product that is never fused with the add that follows (nvcc contracts a*b+c into an FMA by
- * default; the C reference is built with -ffp-contract=off and rounds twice). */
-BLK_FN float blk_mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
 BLK_FN uint32_t blk_u16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
 
 /* IEEE half -> float, exact for every input (as strata_fp16_to_fp32). */
 BLK_FN float blk_f16(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1fu) return blk_bits_f32(sign | 0x7f800000u | (man << 13));
-    if (exp != 0) return blk_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
-    if (man == 0) return blk_bits_f32(sign);
+    if (exp == 0x1fu) return ops_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) return ops_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    if (man == 0) return ops_bits_f32(sign);
     int e = -1;
     do { e++; man <<= 1; } while ((man & 0x400u) == 0);
-    return blk_bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
+    return ops_bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
 }
 
 /* E8M0 and UE4M3 scales, halved (the FP4 tables hold doubled E2M1 values): as avx2_fp4.h. */
-BLK_FN float blk_e8m0_half(uint32_t e) { return blk_bits_f32(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
+BLK_FN float blk_e8m0_half(uint32_t e) { return ops_bits_f32(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
 BLK_FN float blk_ue4m3_half(uint32_t x) {
     if (x == 0x7f) return 0.0f;
     const uint32_t e = (x >> 3) & 0x0fu, m = x & 0x07u;
     if (e == 0) return (float)m * 0x1p-10f;
-    return blk_bits_f32(((e + 119u) << 23) | (m << 20));
+    return ops_bits_f32(((e + 119u) << 23) | (m << 20));
 }
 
 BLK_FN uint32_t blk_u32(const uint8_t *p) {
@@ -170,8 +151,8 @@ BLK_FN void blk_q4_1_32(const uint8_t *b, float *v) {
     const float d = blk_f16(blk_u16(b)), m = blk_f16(blk_u16(b + 2));
     const uint8_t *qs = b + 4;
     for (int i = 0; i < 16; i++) {
-        v[i] = blk_mul(d, (float)(qs[i] & 0x0fu)) + m;
-        v[i + 16] = blk_mul(d, (float)(qs[i] >> 4)) + m;
+        v[i] = ops_mul(d, (float)(qs[i] & 0x0fu)) + m;
+        v[i + 16] = ops_mul(d, (float)(qs[i] >> 4)) + m;
     }
 }
 
@@ -192,7 +173,7 @@ BLK_FN void blk_q5_0_32(const uint8_t *b, float *v) {
 BLK_FN void blk_q5_1_32(const uint8_t *b, float *v) {
     const float d = blk_f16(blk_u16(b)), m = blk_f16(blk_u16(b + 2));
     const uint32_t qh = blk_u32(b + 4);
-    for (int i = 0; i < 32; i++) v[i] = blk_mul(d, (float)blk_q5_code(b + 8, qh, i)) + m;
+    for (int i = 0; i < 32; i++) v[i] = ops_mul(d, (float)blk_q5_code(b + 8, qh, i)) + m;
 }
 
 /* Q8_0, 34 bytes: d | int8 q[32]; w = d * q */
@@ -240,8 +221,8 @@ BLK_FN void blk_q2_k_32(const uint8_t *b, int j, float *v) {
     const float d = blk_f16(blk_u16(b + 80)), dmin = blk_f16(blk_u16(b + 82));
     for (int h = 0; h < 2; h++) {
         const uint32_t sm = b[2 * j + h];
-        const float dl = d * (float)(sm & 0x0fu), ml = blk_mul(dmin, (float)(sm >> 4));
-        for (int k = 16 * h; k < 16 * h + 16; k++) v[k] = blk_mul(dl, (float)((qs[k] >> sh) & 3u)) - ml;
+        const float dl = d * (float)(sm & 0x0fu), ml = ops_mul(dmin, (float)(sm >> 4));
+        for (int k = 16 * h; k < 16 * h + 16; k++) v[k] = ops_mul(dl, (float)((qs[k] >> sh) & 3u)) - ml;
     }
 }
 
@@ -281,12 +262,12 @@ BLK_FN void blk_k4_scale(const uint8_t *s, int j, uint32_t *sc, uint32_t *m) {
 BLK_FN void blk_k45_32(const uint8_t *b, int j, const uint8_t *qh, const uint8_t *qs, float *v) {
     uint32_t sc, m;
     blk_k4_scale(b + 4, j, &sc, &m);
-    const float dl = blk_f16(blk_u16(b)) * (float)sc, ml = blk_mul(blk_f16(blk_u16(b + 2)), (float)m);
+    const float dl = blk_f16(blk_u16(b)) * (float)sc, ml = ops_mul(blk_f16(blk_u16(b + 2)), (float)m);
     const uint8_t *q4 = qs + 32 * (j / 2);
     const int sh = 4 * (j % 2);
     for (int k = 0; k < 32; k++) {
         const uint32_t q = ((q4[k] >> sh) & 0x0fu) | (qh ? ((qh[k] >> j) & 1u) << 4 : 0u);
-        v[k] = blk_mul(dl, (float)q) - ml;
+        v[k] = ops_mul(dl, (float)q) - ml;
     }
 }
 
@@ -371,13 +352,13 @@ BLK_FN int blk_chunk(int type, const uint8_t *row, int64_t c, int64_t K, float *
     const int n = K - k0 < 32 ? (int)(K - k0) : 32;
     switch (type) {
     case BLK_F32:
-        for (int i = 0; i < n; i++) v[i] = blk_bits_f32(blk_u32(row + 4 * (k0 + i)));
+        for (int i = 0; i < n; i++) v[i] = ops_bits_f32(blk_u32(row + 4 * (k0 + i)));
         return n;
     case BLK_F16:
         for (int i = 0; i < n; i++) v[i] = blk_f16(blk_u16(row + 2 * (k0 + i)));
         return n;
     case BLK_BF16:
-        for (int i = 0; i < n; i++) v[i] = blk_bits_f32(blk_u16(row + 2 * (k0 + i)) << 16);
+        for (int i = 0; i < n; i++) v[i] = ops_bits_f32(blk_u16(row + 2 * (k0 + i)) << 16);
         return n;
     case BLK_Q4_0: blk_q4_0_32(row + 18 * c, v); return 32;
     case BLK_Q4_1: blk_q4_1_32(row + 20 * c, v); return 32;
@@ -413,9 +394,9 @@ BLK_FN int blk_chunk(int type, const uint8_t *row, int64_t c, int64_t K, float *
 BLK_FN float blk_value(int type, const uint8_t *row, int64_t k) {
     float v[32];
     switch (type) {
-    case BLK_F32: return blk_bits_f32(blk_u32(row + 4 * k));
+    case BLK_F32: return ops_bits_f32(blk_u32(row + 4 * k));
     case BLK_F16: return blk_f16(blk_u16(row + 2 * k));
-    case BLK_BF16: return blk_bits_f32(blk_u16(row + 2 * k) << 16);
+    case BLK_BF16: return ops_bits_f32(blk_u16(row + 2 * k) << 16);
     default:
         if (!blk_chunk(type, row, k / 32, k / 32 * 32 + 32, v)) return 0.0f;
         return v[k % 32];

@@ -17,27 +17,6 @@
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/blocks.cuh"
 
-/* The half nearest f (ties to even), as bits: overflow to inf, NaN stays NaN (quiet, payload top bits). */
-OPS_FN uint16_t gemm_f16_bits(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   // rounds past 65504
-    if (ax < 0x38800000u) {                                      // below the smallest normal half: subnormal
-        if (ax < 0x33000000u) return (uint16_t)sign;             // at most half the smallest subnormal
-        const uint32_t m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - (ax >> 23);   // 14 .. 24
-        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-        uint32_t r = m >> shift;
-        if (rem > half || (rem == half && (r & 1u))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = (ax >> 13) - (112u << 10);   // rebias the exponent, keep 10 mantissa bits
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;   // a carry into the exponent is right
-    return (uint16_t)(sign | r);
-}
-
 /* Values per tile row are K: chunk c of W row r (r0 <= r) goes to tile[(r - r0) * K + 32c ..]. */
 OPS_FN void gemm_tile_f32(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r, int64_t c,
                           float *tile) {
@@ -52,10 +31,10 @@ OPS_FN void gemm_tile_f16(int type, const uint8_t *W, size_t row_bytes, int64_t 
     float v[32];
     const int n = blk_chunk(type, W + (size_t)r * row_bytes, c, K, v);
     uint16_t *out = tile + (r - r0) * K + 32 * c;
-    for (int i = 0; i < n; i++) out[i] = gemm_f16_bits(v[i]);
+    for (int i = 0; i < n; i++) out[i] = ops_f32_to_f16(v[i]);
 }
 
-OPS_FN void gemm_x_f16(const float *x, uint16_t *x16, int64_t i) { x16[i] = gemm_f16_bits(x[i]); }
+OPS_FN void gemm_x_f16(const float *x, uint16_t *x16, int64_t i) { x16[i] = ops_f32_to_f16(x[i]); }
 
 /* dot(tile row, x) over K values in order: the product where there is no cuBLAS. */
 OPS_FN float gemm_tile_dot(const float *trow, const float *x, int64_t K) {

@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define OPS_FN static __host__ __device__ __forceinline__
@@ -50,6 +51,57 @@ OPS_DEV float ops_warp_max(float v) {
     return v;
 }
 #endif
+
+
+/* Bit casts, on the host through memcpy (no aliasing questions). */
+OPS_FN uint32_t ops_f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+OPS_FN float ops_bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* A product never fused with the add that follows: nvcc contracts a*b+c into an FMA by default, the C
+ * reference is built with -ffp-contract=off and rounds twice. */
+OPS_FN float ops_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+/* The half nearest f (ties to even), as bits: overflow to inf, NaN stays NaN (quiet, payload top bits). */
+OPS_FN uint16_t ops_f32_to_f16(float f) {
+    const uint32_t x = ops_f32_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   // rounds past 65504
+    if (ax < 0x38800000u) {                                      // below the smallest normal half: subnormal
+        if (ax < 0x33000000u) return (uint16_t)sign;             // at most half the smallest subnormal
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - (ax >> 23);   // 14 .. 24
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        uint32_t r = m >> shift;
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10);   // rebias the exponent, keep 10 mantissa bits
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;   // a carry into the exponent is right
+    return (uint16_t)(sign | r);
+}
 
 /* Scalar functions every family uses, written once (the C path's mdl_silu / mdl_sigmoid forms). */
 OPS_FN float ops_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

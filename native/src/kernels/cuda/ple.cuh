@@ -35,7 +35,7 @@ OPS_FN float ple_e4m3(uint32_t b) {
     float v;
     if (e == 15u && m == 7u) v = NAN;
     else if (e == 0u) v = (float)m * 0x1p-9f;                   /* m/8 * 2^-6 */
-    else v = blk_bits_f32(((e + 120u) << 23) | (m << 20));     /* (1 + m/8) * 2^(e-7) */
+    else v = ops_bits_f32(((e + 120u) << 23) | (m << 20));     /* (1 + m/8) * 2^(e-7) */
     return (b & 0x80u) ? -v : v;
 }
 

@@ -42,35 +42,6 @@ enum { QSA_KV_F32 = 0, QSA_KV_F16 = 1, QSA_KV_INT8 = 2 };
 
 /* ---------------------------------------------------------------- scalars */
 
-OPS_FN uint32_t qsa_f32_bits(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-OPS_FN float qsa_bits_f32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-/* A product never fused with the add that follows (see the header comment). */
-OPS_FN float qsa_mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
 OPS_FN int qsa_popc(uint32_t m) {
 #if defined(__CUDA_ARCH__)
     return __popc(m);
@@ -79,41 +50,17 @@ OPS_FN int qsa_popc(uint32_t m) {
 #endif
 }
 
-/* float -> IEEE half, round to nearest even (strata_fp32_to_fp16's bits; quant.h is C-only). */
-OPS_FN uint16_t qsa_f32_to_f16(float f) {
-    const uint32_t x = qsa_f32_bits(f);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? (0x200u | ((ax >> 13) & 0x3ffu)) : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
-    if (ax < 0x38800000u) {                                  /* result subnormal or zero */
-        if (ax < 0x33000000u) return (uint16_t)sign;
-        const uint32_t e = ax >> 23;
-        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126u - e; /* 14..24 */
-        uint32_t r = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (r & 1u))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = (ax >> 13) - (112u << 10);
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
-    return (uint16_t)(sign | r);
-}
-
 /* IEEE half -> float, exact for every input (strata_fp16_to_fp32). */
 OPS_FN float qsa_f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
-    if (exp == 0x1fu) return qsa_bits_f32(sign | 0x7f800000u | (man << 13));
-    if (exp != 0) return qsa_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
-    if (man == 0) return qsa_bits_f32(sign);
+    if (exp == 0x1fu) return ops_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) return ops_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    if (man == 0) return ops_bits_f32(sign);
     int e = -1; /* subnormal: normalise */
     do { e++; man <<= 1; } while ((man & 0x400u) == 0);
-    return qsa_bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
+    return ops_bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
 }
 
 /* ---------------------------------------------------------------- the cache */
@@ -166,7 +113,7 @@ OPS_FN void qsa_store_lane(void *base, float *scale, int kv_type, int64_t Hkv, i
         for (int64_t e = lane; e < hd; e += OPS_WARP) p[e] = x[e];
     } else if (kv_type == QSA_KV_F16) {
         uint16_t *p = (uint16_t *)base + row * hd;
-        for (int64_t e = lane; e < hd; e += OPS_WARP) p[e] = qsa_f32_to_f16(x[e]);
+        for (int64_t e = lane; e < hd; e += OPS_WARP) p[e] = ops_f32_to_f16(x[e]);
     } else {
         const float amax = qsa_row_amax(x, hd, lane);
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -194,7 +141,7 @@ OPS_FN float qsa_block_score(const float *qi, const float *kb, int64_t nI, int64
     for (int64_t h = 0; h < nI; h++) {
         const float *qh = qi + h * dI;
         float d = 0.0f;
-        for (int64_t e = 0; e < dI; e++) d = d + qsa_mul(qh[e], kb[e]);
+        for (int64_t e = 0; e < dI; e++) d = d + ops_mul(qh[e], kb[e]);
         sc += d > 0.0f ? d : 0.0f;
     }
     return sc * inv;
@@ -204,7 +151,7 @@ OPS_FN float qsa_block_score(const float *qi, const float *kb, int64_t nI, int64
 
 /* An unsigned key with the scores' order (and -0 == +0, as the float comparison has it). */
 OPS_FN uint32_t qsa_score_key(float s) {
-    const uint32_t u = qsa_f32_bits(s == 0.0f ? 0.0f : s);
+    const uint32_t u = ops_f32_bits(s == 0.0f ? 0.0f : s);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
@@ -320,9 +267,9 @@ OPS_FN void qsa_attn_score(const qsa_attn_job *A, int64_t t, int64_t h, int64_t 
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     int64_t e = 0;
     for (; e + 8 <= hd; e += 8)
-        for (int l = 0; l < 8; l++) acc[l] = acc[l] + qsa_mul(q[e + l], qsa_kv_value(&A->kv, 0, pos, kvh, e + l));
+        for (int l = 0; l < 8; l++) acc[l] = acc[l] + ops_mul(q[e + l], qsa_kv_value(&A->kv, 0, pos, kvh, e + l));
     for (int l = 0; l < 8; l++)
-        if (e + l < hd) acc[l] = acc[l] + qsa_mul(q[e + l], qsa_kv_value(&A->kv, 0, pos, kvh, e + l));
+        if (e + l < hd) acc[l] = acc[l] + ops_mul(q[e + l], qsa_kv_value(&A->kv, 0, pos, kvh, e + l));
     const float d = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     qsa_w_row(A, t, h)[i] = d * (1.0f / sqrtf((float)hd));
 }
@@ -393,7 +340,7 @@ OPS_FN void qsa_attn_out(const qsa_attn_job *A, int64_t t, int64_t h, float inv,
     const float *w = qsa_w_row(A, t, h);
     float acc = 0.0f;
     for (int64_t i = 0; i < n; i++)
-        acc = acc + qsa_mul(w[i] * inv, qsa_kv_value(&A->kv, 1, qsa_key_pos(A, t, i), kvh, e));
+        acc = acc + ops_mul(w[i] * inv, qsa_kv_value(&A->kv, 1, qsa_key_pos(A, t, i), kvh, e));
     const float g = A->qg[t * 2 * A->H * hd + h * 2 * hd + hd + e];
     A->o[(t * A->H + h) * hd + e] = acc * ops_sigmoid(g);
 }

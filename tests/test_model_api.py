@@ -112,6 +112,14 @@ def test_bad_hyperparameter_is_named(micro, tmp_path):
         Model(bad)
 
 
+def test_a_count_past_int32_is_refused(micro, tmp_path):
+    # found by fuzz_model: an expert_used_count of 2^31 + 2 became negative as an int32, passed
+    # "used <= expert_count", and the first MoE layer asked malloc for -40 GB
+    bad = _rewrite(micro, str(tmp_path / "bad.gguf"), set_key=("qwen4exp.expert_used_count", 2**31 + 2))
+    with pytest.raises(FormatError, match=r"expert_used_count must be positive and below 2\^31 \(got 2147483650\)"):
+        Model(bad)
+
+
 def test_block_count_past_the_tensor_table_is_refused(micro, tmp_path):
     # found by fuzz_model: a block_count of ~10^9 made the loader ask for 34 GB of per-block records
     # before any tensor was checked; now the count is held to the file's tensor table first

@@ -265,8 +265,10 @@ void mdl_model_release(strata_model *m) {
 /* ---------------------------------------------------------------- hyperparameters */
 
 #define TRY(x) do { strata_status rc_ = (x); if (rc_) return rc_; } while (0)
-#define POSITIVE(v, key) do { if ((v) <= 0) return strata_fail(STRATA_ERR_FORMAT, \
-    "qwen4exp model: %s." key " must be positive (got %lld)", ARCH, (long long)(v)); } while (0)
+/* every such value is then kept as an int32_t: one past INT32_MAX would turn negative and slip past the
+ * checks that follow (a fuzzed expert_used_count of 2^31 + 2 made the MoE layer allocate -40 GB) */
+#define POSITIVE(v, key) do { if ((v) <= 0 || (v) > INT32_MAX) return strata_fail(STRATA_ERR_FORMAT, \
+    "qwen4exp model: %s." key " must be positive and below 2^31 (got %lld)", ARCH, (long long)(v)); } while (0)
 
 /* Values of an integer array key (1 for a scalar, 0 when absent): what kv_int_array needs room for. */
 static int64_t kv_array_len(const strata_gguf *g, const char *name) {

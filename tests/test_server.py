@@ -691,7 +691,10 @@ def test_cli_serve_equals_generate_and_shuts_down_on_sigterm(model):
     assert gen.returncode == 0, gen.stderr
     env = {**os.environ, "STRATA_API_KEY": "k3y"}
     p = subprocess.Popen([sys.executable, "-m", "pyrunner.cli", "serve", "-m", MODEL, "--port", "0",
-                          "--max-concurrent", "2", "--grace-s", "3", "-t", "2"], stdout=subprocess.PIPE,
+                          "--max-concurrent", "2", "--grace-s", "2", "-t", "2",
+                          # the long request must outlast the grace period: at 4,096 tokens of context a fast
+                          # host (AVX-512 + AVX-VNNI, ~1,600 tok/s) filled it in under 3 s and ended it "length"
+                          "-c", "16384"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = p.stdout.readline()

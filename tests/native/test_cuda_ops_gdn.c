@@ -38,6 +38,7 @@
 #include "model/model.h"
 
 #include "check.h"
+#include "ops_check.h"
 
 /* gdn.c's ops, exposed for this check (not in model.h) */
 void mdl_gdn_conv(const float *w, int64_t Kc, int64_t CD, float *conv, const float *x, int64_t ldx, int64_t L,
@@ -61,13 +62,7 @@ static int op_fail[N_OPS];
 /* Records got vs ref (n values) for op: relative error against ref's scale; fails above tol or on a NaN. */
 static void compare(int op, const char *what, const char *shape, const float *got, const float *ref, int64_t n,
                     double tol) {
-    double scale = 0.0, d = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double r = fabs((double)ref[i]), e = fabs((double)got[i] - (double)ref[i]);
-        if (r > scale) scale = r;
-        if (!(e <= d)) d = e;   /* NaN sticks */
-    }
-    const double err = d / (scale > 0.0 ? scale : 1.0);
+    const double err = ops_max_rel_err(got, ref, n);
     if (getenv("STRATA_OPS_VERBOSE")) fprintf(stderr, "%-14s %-18s %-32s %.3g\n", op_name[op], what, shape, err);
     if (!(err <= tol)) {
         fprintf(stderr, "%s %s (%s): max rel err %.3g > %.3g\n", op_name[op], what, shape, err, tol);
@@ -78,19 +73,6 @@ static void compare(int op, const char *what, const char *shape, const float *go
 
 /* ---------------------------------------------------------------- inputs */
 
-static uint64_t g_rng;
-static float rndu(float lo, float hi) {   /* splitmix64 → uniform [lo, hi) */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
-static float *rnd_array(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) p[i] = rndu(lo, hi);
-    return p;
-}
 static float *dup(const float *x, int64_t n) {
     float *p = malloc((size_t)n * sizeof(float));
     memcpy(p, x, (size_t)n * sizeof(float));

@@ -51,6 +51,7 @@
 #include "model/model.h"
 
 #include "check.h"
+#include "ops_check.h"
 
 /* qsa.c's ops, exposed for this check (not in model.h) */
 void mdl_qsa_store_row(const strata_session *s, mdl_layer_state *st, void *base, int64_t pos, int64_t kvh, int which,
@@ -90,30 +91,11 @@ static void record(int op, const char *what, const char *shape, double err, doub
 /* Records got vs ref (n values) for op: relative error against ref's scale; fails above tol or on a NaN. */
 static void compare(int op, const char *what, const char *shape, const float *got, const float *ref, int64_t n,
                     double tol) {
-    double scale = 0.0, d = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double r = fabs((double)ref[i]), e = fabs((double)got[i] - (double)ref[i]);
-        if (r > scale) scale = r;
-        if (!(e <= d)) d = e;   /* NaN sticks */
-    }
-    record(op, what, shape, d / (scale > 0.0 ? scale : 1.0), tol);
+    record(op, what, shape, ops_max_rel_err(got, ref, n), tol);
 }
 
 /* ---------------------------------------------------------------- inputs */
 
-static uint64_t g_rng;
-static float rndu(float lo, float hi) {   /* splitmix64 → uniform [lo, hi) */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * (float)((double)(z >> 40) / (double)(1ull << 24));
-}
-static float *rnd_array(int64_t n, float lo, float hi) {
-    float *p = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) p[i] = rndu(lo, hi);
-    return p;
-}
 
 static int cmp_i32(const void *a, const void *b) {
     const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;

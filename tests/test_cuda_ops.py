@@ -78,7 +78,8 @@ def test_a_mutated_kernel_fails_its_check(exes, results, mut, tmp_path):
     assert rc != 0 and "all checks passed" not in out
 
 
-@pytest.mark.parametrize("header", sorted(p.name for p in cuda_ops.KERNELS.glob("*.cuh")))
+@pytest.mark.parametrize("header", sorted(p.name for p in (*cuda_ops.KERNELS.glob("*.cuh"),
+                                                           *cuda_ops.KERNELS.glob("emu_*.h"))))
 def test_kernel_headers_compile_as_c11(header, exes):
     gen = BUILD / "generated"
     r = subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-x", "c",

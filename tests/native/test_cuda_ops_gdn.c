@@ -12,13 +12,22 @@
 // MUTATION: kernels/cuda/gdn.cuh | for (int r = 0; r < i; r++) x = x - Ai[r] * w->W[r * dk + j]; | for (int r = 0; r < i; r++) x = x - Ai[r] * w->U[r * dv + j]; | gdn.chunked
 // MUTATION: kernels/cuda/gdn.cuh | gate_sigmoid ? ops_sigmoid(z[e]) : ops_silu(z[e]) | gate_sigmoid ? ops_silu(z[e]) : ops_sigmoid(z[e]) | gdn.out
 // MUTATION: kernels/cuda/gdn.cuh | ss / (float)dv + eps | ss / (float)OPS_WARP + eps | gdn.out
+// MUTATION: kernels/cuda/emu_mixers.h | for (int64_t ch = 0; ch < CD; ch++) gdn_conv_advance | for (int64_t ch = 1; ch < CD; ch++) gdn_conv_advance | gdn.conv
+// MUTATION: kernels/cuda/emu_mixers.h | (is_q ? 0 : (int64_t)Gk * dk) + hk * dk | (is_q ? (int64_t)Gk * dk : 0) + hk * dk | gdn.prep
+// MUTATION: kernels/cuda/emu_mixers.h | beta[i] = gdn_beta(b[t * ldba + h]); | beta[i] = gdn_beta(b[t * Gv + h]); | gdn.prep
+// MUTATION: kernels/cuda/emu_mixers.h | S_slots[(t * Gv + h) * hs | S_slots[(h * L + t) * hs | gdn.recurrent
+// MUTATION: kernels/cuda/emu_mixers.h | for (int j = 0; j < dv; j++) gdn_chunk_out_col | for (int j = 1; j < dv; j++) gdn_chunk_out_col | gdn.chunked
+// MUTATION: kernels/cuda/emu_mixers.h | gdn_out_lane(oh, z + t * ldz + h * dv, | gdn_out_lane(oh, z + t * ldz + h, | gdn.out
 /*
  * test_cuda_ops_gdn.c — the Gated DeltaNet kernels' arithmetic (kernels/cuda/gdn.cuh) run on the host over
  * each launch's whole grid, in the kernels' order, against the C path (model/gdn.c) op by op (issue 19
- * point 4; tools/cuda_ops.py). Ops: gdn.conv (the causal conv and its history's advance), gdn.prep (q/k l2
- * norms, β, g), gdn.recurrent (decode form), gdn.chunked (prefill form: against gdn.c's chunked form, and
- * within rounding against its recurrent form on the same inputs), gdn.out (the gated RMS norm, sigmoid and
- * silu gates). Shapes: the real model's (16 k heads, 48 v heads x 128, conv 4) at L = 1, 37, 64 and a
+ * point 4; tools/cuda_ops.py). Each launch is its launcher's host emulation (emu_gdn_* of
+ * kernels/cuda/emu_mixers.h, the launcher's signature), so a mutation of the units fails the emulation too.
+ * Ops: gdn.conv (the causal conv and its history's advance), gdn.prep (q/k l2 norms, β, g; also in place),
+ * gdn.recurrent (decode form; with KEEP_STATES slots against gdn.c one row at a time, where they fit in
+ * 32 MiB), gdn.chunked (prefill form: against gdn.c's chunked form, and within rounding against its
+ * recurrent form on the same inputs), gdn.out (the gated RMS norm, sigmoid and silu gates); and per op the
+ * launcher's refusals (head dim > 1024) and empty launches, by status. Shapes: the real model's (16 k heads, 48 v heads x 128, conv 4) at L = 1, 37, 64 and a
  * small odd one (2 k / 6 v heads x 20, conv 3) at L = 1, 5, 150 (three chunks, the last partial).
  *
  * Inputs are gdn.c's own: the conv output of random projection rows feeds the norms, whose q, k, β, g (with
@@ -34,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/gdn.cuh"
+#include "kernels/cuda/emu_mixers.h"
 #include "model/model.h"
 
 #include "check.h"
@@ -71,6 +80,14 @@ static void compare(int op, const char *what, const char *shape, const float *go
     if (!(err <= op_err[op])) op_err[op] = err;
 }
 
+/* Records a launch's status: an emulation returns what its launcher returns (a refusal included). */
+static void expect_status(int op, const char *what, const char *shape, strata_status got, strata_status want) {
+    if (got == want) return;
+    fprintf(stderr, "%s %s (%s): status %d, the launcher's %d (%s)\n", op_name[op], what, shape, (int)got, (int)want,
+            strata_last_error());
+    op_fail[op] = 1;
+}
+
 /* ---------------------------------------------------------------- inputs */
 
 static float *dup(const float *x, int64_t n) {
@@ -105,18 +122,17 @@ static void run_shape(const shape *sh, uint64_t seed) {
     float *S0 = rnd_array(SN, -0.3f, 0.3f);
     const float eps = 1e-6f;
 
-    /* gdn.conv: gdn_k_conv over (t, ch), then gdn_k_conv_advance over ch */
+    /* gdn.conv: gdn_cuda_conv's grid (gdn_k_conv over (t, ch), then gdn_k_conv_advance over ch) */
     float *qkv = malloc((size_t)((Kc - 1 + L) * CD) * sizeof(float));
     float *cv = malloc((size_t)(L * CD) * sizeof(float)), *cv_e = malloc((size_t)(L * CD) * sizeof(float));
     float *hist = dup(hist0, (Kc - 1) * CD), *hist_e = dup(hist0, (Kc - 1) * CD);
     mdl_gdn_conv(convw, Kc, CD, hist, P, ld, L, qkv, cv);
-    for (int64_t t = 0; t < L; t++)
-        for (int64_t ch = 0; ch < CD; ch++) cv_e[t * CD + ch] = gdn_conv_out(convw, hist_e, P, ld, Kc, CD, t, ch);
-    for (int64_t ch = 0; ch < CD; ch++) gdn_conv_advance(hist_e, P, ld, Kc, CD, L, ch);
+    expect_status(OP_CONV, "launch", name, emu_gdn_conv(convw, Kc, CD, hist_e, P, ld, L, cv_e, NULL), STRATA_OK);
     compare(OP_CONV, "cv", name, cv_e, cv, L * CD, 0.0);
     compare(OP_CONV, "history", name, hist_e, hist, (Kc - 1) * CD, 0.0);
 
-    /* gdn.prep: gdn_k_qk_norm (a warp per q or k head vector) and gdn_k_gates (a thread per value head) */
+    /* gdn.prep: gdn_cuda_prep's grid (gdn_k_qk_norm, a warp per q or k head vector; gdn_k_gates, a thread per
+     * value head), reading b and a from the projection rows (ldba = ld) */
     float *qn = malloc((size_t)(L * KD) * sizeof(float)), *kn = malloc((size_t)(L * KD) * sizeof(float));
     float *qn_e = malloc((size_t)(L * KD) * sizeof(float)), *kn_e = malloc((size_t)(L * KD) * sizeof(float));
     float *beta = malloc((size_t)(L * Gv) * sizeof(float)), *g = malloc((size_t)(L * Gv) * sizeof(float));
@@ -128,25 +144,28 @@ static void run_shape(const shape *sh, uint64_t seed) {
             g[t * Gv + h] = P[t * ld + CD + VD + Gv + h];
         }
     mdl_gdn_gates(ssm_a, dt_bias, L, Gv, beta, g);
-    for (int64_t v = 0; v < L * Gk * 2; v++) {
-        const int is_q = v % 2 == 0;
-        const int64_t th = v / 2, t = th / Gk, hk = th % Gk;
-        const float *x = cv + t * CD + (is_q ? 0 : KD) + hk * dk;
-        float part[OPS_WARP];
-        for (int lane = 0; lane < OPS_WARP; lane++) part[lane] = gdn_sumsq_lane(x, dk, lane);
-        const float ss = ops_fold32(part);
-        for (int lane = 0; lane < OPS_WARP; lane++) gdn_l2_lane(x, (is_q ? qn_e : kn_e) + th * dk, dk, ss, is_q, lane);
-    }
-    for (int64_t i = 0; i < L * Gv; i++) {
-        const int64_t t = i / Gv;
-        const int h = (int)(i % Gv);
-        beta_e[i] = gdn_beta(P[t * ld + CD + VD + h]);
-        g_e[i] = gdn_gate(P[t * ld + CD + VD + Gv + h], ssm_a[h], dt_bias[h]);
-    }
+    expect_status(OP_PREP, "launch", name,
+                  emu_gdn_prep(cv, L, Gk, Gv, dk, dv, P + CD + VD, P + CD + VD + Gv, ld, ssm_a, dt_bias, qn_e, kn_e,
+                               beta_e, g_e, NULL),
+                  STRATA_OK);
     compare(OP_PREP, "q", name, qn_e, qn, L * KD, 1e-5);
     compare(OP_PREP, "k", name, kn_e, kn, L * KD, 1e-5);
     compare(OP_PREP, "beta", name, beta_e, beta, L * Gv, 0.0);
     compare(OP_PREP, "g", name, g_e, g, L * Gv, 0.0);
+    /* ... and in place, as the forward may call it: beta == b, g == a, ldba == Gv */
+    float *b_in = malloc((size_t)(L * Gv) * sizeof(float)), *a_in = malloc((size_t)(L * Gv) * sizeof(float));
+    for (int64_t t = 0; t < L; t++)
+        for (int h = 0; h < Gv; h++) {
+            b_in[t * Gv + h] = P[t * ld + CD + VD + h];
+            a_in[t * Gv + h] = P[t * ld + CD + VD + Gv + h];
+        }
+    expect_status(OP_PREP, "launch in place", name,
+                  emu_gdn_prep(cv, L, Gk, Gv, dk, dv, b_in, a_in, Gv, ssm_a, dt_bias, qn_e, kn_e, b_in, a_in, NULL),
+                  STRATA_OK);
+    compare(OP_PREP, "beta in place", name, b_in, beta, L * Gv, 0.0);
+    compare(OP_PREP, "g in place", name, a_in, g, L * Gv, 0.0);
+    free(b_in);
+    free(a_in);
 
     /* the heads: gdn.c's qn, kn, cv (v), beta, g and the prior state S0 */
     strata_model *m = calloc(1, sizeof *m);
@@ -156,52 +175,54 @@ static void run_shape(const shape *sh, uint64_t seed) {
     m->hp.ssm_kc = Kc;
     float *o_r = calloc((size_t)(L * VD), sizeof(float)), *o_e = calloc((size_t)(L * VD), sizeof(float));
     float *S_r = dup(S0, SN), *S_e = dup(S0, SN);
-    gdn_heads H = {.qn = qn, .kn = kn, .cv = cv, .beta = beta, .g = g, .o = o_e, .L = L,
-                   .Gk = Gk, .Gv = Gv, .dk = dk, .dv = dv};
 
-    /* gdn.recurrent: gdn_k_recurrent, a block per head, thread j through the rows */
+    /* gdn.recurrent: gdn_cuda_recurrent's grid (gdn_k_recurrent, a block per head, thread j through the rows) */
     for (int h = 0; h < Gv; h++) mdl_gdn_head_recurrent(m, h, S_r + h * dk * dv, qn, kn, cv, beta, g, o_r, L);
-    for (int h = 0; h < Gv; h++)
-        for (int j = 0; j < dv; j++)
-            for (int64_t t = 0; t < L; t++) gdn_o(&H, t, h)[j] = gdn_recurrent_col(&H, S_e + h * dk * dv, t, h, j);
+    expect_status(OP_RECURRENT, "launch", name,
+                  emu_gdn_recurrent(S_e, qn, kn, cv, beta, g, o_e, L, Gk, Gv, dk, dv, NULL, NULL), STRATA_OK);
     compare(OP_RECURRENT, "o", name, o_e, o_r, L * VD, 0.0);
     compare(OP_RECURRENT, "S", name, S_e, S_r, SN, 0.0);
+    /* KEEP_STATES: S_slots, the state after each row, against gdn.c run one row at a time (its recurrence
+     * carries nothing but S from row to row); where L x the state fits in 32 MiB */
+    if (L * SN <= ((int64_t)1 << 23)) {
+        float *slots_r = malloc((size_t)(L * SN) * sizeof(float));
+        float *slots_e = malloc((size_t)(L * SN) * sizeof(float));
+        float *S_1 = dup(S0, SN), *S_s = dup(S0, SN), *o_1 = malloc((size_t)(L * VD) * sizeof(float));
+        for (int64_t t = 0; t < L; t++)
+            for (int h = 0; h < Gv; h++) {
+                mdl_gdn_head_recurrent(m, h, S_1 + h * dk * dv, qn + t * KD, kn + t * KD, cv + t * CD, beta + t * Gv,
+                                       g + t * Gv, o_1 + t * VD, 1);
+                memcpy(slots_r + (t * Gv + h) * dk * dv, S_1 + h * dk * dv, (size_t)(dk * dv) * sizeof(float));
+            }
+        expect_status(OP_RECURRENT, "launch with slots", name,
+                      emu_gdn_recurrent(S_s, qn, kn, cv, beta, g, o_e, L, Gk, Gv, dk, dv, slots_e, NULL), STRATA_OK);
+        compare(OP_RECURRENT, "S slots", name, slots_e, slots_r, L * SN, 0.0);
+        compare(OP_RECURRENT, "o with slots", name, o_e, o_r, L * VD, 0.0);
+        compare(OP_RECURRENT, "S with slots", name, S_s, S_r, SN, 0.0);
+        free(slots_r); free(slots_e); free(S_1); free(S_s); free(o_1);
+    }
 
-    /* gdn.chunked: gdn_k_chunked, a block per head, its phases in order per chunk */
+    /* gdn.chunked: gdn_cuda_chunked's grid (gdn_k_chunked, a block per head, its phases in order per chunk) */
     float *o_c = calloc((size_t)(L * VD), sizeof(float));
     float *S_c = dup(S0, SN), *S_ce = dup(S0, SN);
     for (int h = 0; h < Gv; h++) CHECK(mdl_gdn_head_chunked(m, h, S_c + h * dk * dv, qn, kn, cv, beta, g, o_c, L) == 0);
     memset(o_e, 0, (size_t)(L * VD) * sizeof(float));
-    float *work = malloc((size_t)(Gv * gdn_chunk_work_floats(dk, dv)) * sizeof(float));
-    for (int h = 0; h < Gv; h++) {
-        const gdn_chunk_work w = gdn_chunk_work_at(work, h, dk, dv);
-        float *Sh = S_ce + h * dk * dv;
-        for (int64_t c0 = 0; c0 < L; c0 += GDN_OPS_CHUNK) {
-            const int n = (int)(L - c0 < GDN_OPS_CHUNK ? L - c0 : GDN_OPS_CHUNK);
-            for (int i = 0; i < n; i++) w.gam[i] = gdn_chunk_gamma(&H, c0, h, i);
-            for (int p = 0; p < n * n; p++) gdn_chunk_pair(&H, &w, c0, h, n, p / n, p % n);
-            for (int j = 0; j < dk || j < dv; j++) gdn_chunk_solve_col(&H, &w, c0, h, n, j);
-            for (int j = 0; j < dv; j++) gdn_chunk_out_col(&H, &w, Sh, c0, h, n, j);
-        }
-    }
+    float *work = malloc(emu_gdn_chunked_work_floats(Gv, dk, dv) * sizeof(float));
+    expect_status(OP_CHUNKED, "launch", name,
+                  emu_gdn_chunked(S_ce, qn, kn, cv, beta, g, o_e, L, Gk, Gv, dk, dv, work, NULL), STRATA_OK);
     compare(OP_CHUNKED, "o", name, o_e, o_c, L * VD, 0.0);
     compare(OP_CHUNKED, "S", name, S_ce, S_c, SN, 0.0);
     /* the two forms agree in exact arithmetic: within fp32 rounding of 64-row sums */
     compare(OP_CHUNKED, "o vs recurrent", name, o_e, o_r, L * VD, 1e-4);
     compare(OP_CHUNKED, "S vs recurrent", name, S_ce, S_r, SN, 1e-4);
 
-    /* gdn.out: gdn_k_out, a warp per (row, head), both gates; its input is the recurrent output */
+    /* gdn.out: gdn_cuda_out's grid (gdn_k_out, a warp per (row, head)), both gates; its input is the recurrent
+     * output */
     for (int gate_sigmoid = 1; gate_sigmoid >= 0; gate_sigmoid--) {
         float *y = dup(o_r, L * VD), *y_e = dup(o_r, L * VD);
         mdl_gdn_out(y, P + CD, ld, normw, L, Gv, dv, eps, gate_sigmoid);
-        for (int64_t v = 0; v < L * Gv; v++) {
-            const int64_t t = v / Gv, h = v % Gv;
-            float *oh = y_e + v * dv, part[OPS_WARP];
-            for (int lane = 0; lane < OPS_WARP; lane++) part[lane] = gdn_sumsq_lane(oh, dv, lane);
-            const float ss = ops_fold32(part);
-            for (int lane = 0; lane < OPS_WARP; lane++)
-                gdn_out_lane(oh, P + t * ld + CD + h * dv, normw, dv, ss, eps, gate_sigmoid, lane);
-        }
+        expect_status(OP_OUT, "launch", name,
+                      emu_gdn_out(y_e, P + CD, ld, normw, L, Gv, dv, eps, gate_sigmoid, NULL), STRATA_OK);
         compare(OP_OUT, gate_sigmoid ? "o (sigmoid gate)" : "o (silu gate)", name, y_e, y, L * VD, 1e-5);
         free(y);
         free(y_e);
@@ -213,12 +234,38 @@ static void run_shape(const shape *sh, uint64_t seed) {
     free(m); free(o_r); free(o_e); free(S_r); free(S_e); free(o_c); free(S_c); free(S_ce); free(work);
 }
 
+/* ---------------------------------------------------------------- the launchers' argument checks */
+
+/* What the launchers refuse (a head dim past a block's 1024 threads) and what they skip (no rows): nothing
+ * is read, so no buffers. */
+static void run_refusals(void) {
+    expect_status(OP_RECURRENT, "dv 1025", "-",
+                  emu_gdn_recurrent(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 16, 1025, NULL, NULL),
+                  STRATA_ERR_UNSUPPORTED);
+    expect_status(OP_CHUNKED, "dk 1025", "-",
+                  emu_gdn_chunked(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 1025, 16, NULL, NULL),
+                  STRATA_ERR_UNSUPPORTED);
+    expect_status(OP_CHUNKED, "dv 1025", "-",
+                  emu_gdn_chunked(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 16, 1025, NULL, NULL),
+                  STRATA_ERR_UNSUPPORTED);
+    expect_status(OP_CONV, "L 0", "-", emu_gdn_conv(NULL, 4, 16, NULL, NULL, 16, 0, NULL, NULL), STRATA_OK);
+    expect_status(OP_PREP, "L 0", "-",
+                  emu_gdn_prep(NULL, 0, 1, 1, 16, 16, NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+                  STRATA_OK);
+    expect_status(OP_RECURRENT, "L 0", "-",
+                  emu_gdn_recurrent(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 1, 16, 16, NULL, NULL), STRATA_OK);
+    expect_status(OP_CHUNKED, "L 0", "-",
+                  emu_gdn_chunked(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1, 1, 16, 16, NULL, NULL), STRATA_OK);
+    expect_status(OP_OUT, "L 0", "-", emu_gdn_out(NULL, NULL, 16, NULL, 0, 1, 16, 1e-6f, 1, NULL), STRATA_OK);
+}
+
 int main(void) {
     static const shape shapes[] = {
         {16, 48, 128, 4, 1}, {16, 48, 128, 4, 37}, {16, 48, 128, 4, 64},   /* the real model */
         {2, 6, 20, 3, 1}, {2, 6, 20, 3, 5}, {2, 6, 20, 3, 150},             /* small, odd; three chunks */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&shapes[i], 0x6d6e7f00u + i);
+    run_refusals();
     for (int op = 0; op < N_OPS; op++) {
         printf("OP %s - %s %.3g\n", op_name[op], op_fail[op] ? "fail" : "pass", op_err[op]);
         CHECK(!op_fail[op]);

@@ -17,16 +17,25 @@
 // MUTATION: kernels/cuda/mtp.cuh | rinv[2 * t + 1] | rinv[2 * t] | mtp.norm_concat
 // MUTATION: kernels/cuda/mtp.cuh | j = (v / (2 * E)) % hc | j = (v / E) % hc | mtp.norm_concat
 // MUTATION: kernels/cuda/mtp.cuh | ? h + t * hc * E : e + t * E; | ? h + t * E : e + t * E; | mtp.norm_concat
+// MUTATION: kernels/cuda/emu_mixers.h | const int64_t n = n_rows * dP; | const int64_t n = n_rows * dP - 1; | ple.dequant
+// MUTATION: kernels/cuda/emu_mixers.h | if (dP % 16 || row_bytes | if (row_bytes | ple.dequant
+// MUTATION: kernels/cuda/emu_mixers.h | E, g, r, k); | E, g, 1.0f, k); | ple.project
+// MUTATION: kernels/cuda/emu_mixers.h | ple_gate_gvn(val, w_conv, hc | ple_gate_gvn(val, w_query, hc | ple.gate
+// MUTATION: kernels/cuda/emu_mixers.h | if (hist > 0) memcpy(ext, state, | if (hist < 0) memcpy(ext, state, | ple.conv
+// MUTATION: kernels/cuda/emu_mixers.h | mtp_norm_rinv(ops_fold32(p), hc, E, u, eps) | mtp_norm_rinv(ops_fold32(p), hc, E, u ^ 1, eps) | mtp.norm_concat
 /*
  * test_cuda_ops_ple.c — the host check of kernels/cuda/ple.cuh and mtp.cuh (ops_common.cuh's rule):
  * every unit of each launch is computed with the headers' OPS_FN functions, in the order the kernels
  * use them (warp units: 32 lane partials folded by ops_fold32, as ops_warp_sum does), and compared
- * with the C path's function for the same op (model/ple_layer.c, model/mtp.c):
+ * with the C path's function for the same op (model/ple_layer.c, model/mtp.c). Each launch is its
+ * launcher's host emulation (emu_ple_*, emu_mtp_* of kernels/cuda/emu_mixers.h, the launcher's
+ * signature), so a mutation of the units fails the emulation too; its status must be the launcher's
+ * (ple.dequant's refusals of rows it cannot decode included):
  *
  *   ple.dequant      mdl_ple_dequant     bit for bit, per row format
  *   ple.project      mdl_ple_key_norm    relative error (the C norms sum in double, the warps in float)
  *   ple.gate         mdl_ple_gate        relative error, over gv and gvn
- *   ple.conv         mdl_ple_conv        X, the new history and the verify slots
+ *   ple.conv         mdl_ple_conv        X, the new history and the verify slots (and without slots)
  *   mtp.norm_concat  mdl_mtp_norm_concat relative error
  *
  * Shapes: the real model's (hidden 2560, 4 streams, 16 heads x 160 values, conv 4 taps 3 apart, L = 1
@@ -39,8 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/mtp.cuh"
-#include "kernels/cuda/ple.cuh"
+#include "kernels/cuda/emu_mixers.h"
 #include "quant/quant.h"
 
 #include "check.h"
@@ -104,6 +112,14 @@ static void note(op_result *r, double err, int ok) {
     if (!ok) r->fail = 1;
 }
 
+/* A launch's status against the launcher's (want): a mismatch fails the op. */
+static void expect_status(op_result *r, const char *what, strata_status got, strata_status want) {
+    if (got == want) return;
+    fprintf(stderr, "%s %s %s: status %d, the launcher's %d (%s)\n", r->op, r->types, what, (int)got, (int)want,
+            strata_last_error());
+    note(r, INFINITY, 0);
+}
+
 static void report(op_result *r) {
     printf("OP %s %s %s %.3g\n", r->op, r->types, r->fail ? "fail" : "pass", r->err);
     CHECK(!r->fail);
@@ -147,10 +163,31 @@ static void check_dequant(op_result *r, int fmt, int64_t R, int64_t NH, int64_t 
     CHECK(packed || (t && t->dequant[0]));
     if (!packed && !(t && t->dequant[0])) { note(r, INFINITY, 0); goto out; }
     mdl_ple_dequant(rows, rb, n_rows, NH, dP, NH * dP, t, ids, gscale, n_shard, shard_rows, ref);
-    for (int64_t v = 0; v < n; v++) got[v] = ple_dequant_unit(fmt, rows, rb, dP, ids, gscale, n_shard, shard_rows, v);
+    expect_status(r, "launch", emu_ple_dequant(fmt, rows, rb, n_rows, dP, ids, gscale, n_shard, shard_rows, got, NULL),
+                  STRATA_OK);
     note(r, rel_err(got, ref, n), same_bits(got, ref, n));
 out:
     free(rows); free(ids); free(gscale); free(ref); free(got);
+}
+
+/* What ple_cuda_dequant refuses (rows it cannot decode into dP values) and its empty launch. The buffers
+ * are real (one row of zero bytes) so that an emulation that wrongly accepts returns a status, not a fault. */
+static void check_dequant_refusals(op_result *q8, op_result *packed) {
+    const int P = PLE_ROWS_NVFP4_PACKED;
+    const strata_status U = STRATA_ERR_UNSUPPORTED;
+    uint8_t rows[256] = {0};
+    const uint64_t ids[1] = {0};
+    const float gs[1] = {1.0f};
+    float emb[64];
+    expect_status(packed, "dP 40", emu_ple_dequant(P, rows, 25, 1, 40, ids, gs, 1, 1, emb, NULL), U);
+    expect_status(packed, "26-byte rows of 48", emu_ple_dequant(P, rows, 26, 1, 48, ids, gs, 1, 1, emb, NULL), U);
+    expect_status(packed, "no shards", emu_ple_dequant(P, rows, 27, 1, 48, ids, gs, 0, 1, emb, NULL), U);
+    expect_status(packed, "0-row shards", emu_ple_dequant(P, rows, 27, 1, 48, ids, gs, 1, 0, emb, NULL), U);
+    expect_status(packed, "no rows", emu_ple_dequant(P, rows, 27, 0, 48, ids, gs, 1, 1, emb, NULL), STRATA_OK);
+    expect_status(q8, "type 9999", emu_ple_dequant(9999, rows, 68, 1, 64, NULL, NULL, 0, 0, emb, NULL), U);
+    expect_status(q8, "dP 48", emu_ple_dequant(BLK_Q8_0, rows, 68, 1, 48, NULL, NULL, 0, 0, emb, NULL), U);
+    expect_status(q8, "67-byte rows of 64", emu_ple_dequant(BLK_Q8_0, rows, 67, 1, 64, NULL, NULL, 0, 0, emb, NULL), U);
+    expect_status(q8, "no rows", emu_ple_dequant(BLK_Q8_0, rows, 68, 0, 64, NULL, NULL, 0, 0, emb, NULL), STRATA_OK);
 }
 
 /* ---------------------------------------------------------------- ple.project */
@@ -163,14 +200,8 @@ static void check_project(op_result *r, int64_t R, int64_t hc, int64_t E, uint64
     fill(w, W, 0.3f, 1.0f);
     memcpy(ref, key, (size_t)(R * W) * sizeof(float));
     mdl_ple_key_norm(ref, w, R, hc, E, EPS);
-    /* ple_k_key_norm: a warp per group, in place (each lane rewrites only the values it read) */
-    for (int64_t g = 0; g < R * hc; g++) {
-        float p[OPS_WARP];
-        for (int l = 0; l < OPS_WARP; l++) p[l] = ple_key_norm_lane(key, E, g, l);
-        const float rr = ple_rms_inv(ops_fold32(p), E, EPS);
-        for (int l = 0; l < OPS_WARP; l++)
-            for (int64_t k = l; k < E; k += OPS_WARP) key[g * E + k] = ple_key_norm_value(key, w, hc, E, g, rr, k);
-    }
+    /* ple_cuda_key_norm's grid: a warp per group, in place (each lane rewrites only the values it read) */
+    expect_status(r, "launch", emu_ple_key_norm(key, w, R, hc, E, EPS, NULL), STRATA_OK);
     const double e = rel_err(key, ref, R * W);
     note(r, e, e <= TOL);
     free(key); free(ref); free(w);
@@ -199,21 +230,8 @@ static void check_gate(op_result *r, int64_t L, int64_t hc, int64_t E, uint64_t 
         for (int64_t k = 0; k < E; k++) key[2 * E + k] *= 1e-9f;
     }
     mdl_ple_gate(X, key, val, wq, wc, L, hc, E, EPS, gv_ref, gvn_ref, qry);
-    /* ple_k_gate: a warp per (token, stream), four stages */
-    for (int64_t g = 0; g < L * hc; g++) {
-        float p[OPS_WARP];
-        for (int l = 0; l < OPS_WARP; l++) p[l] = ple_gate_qss_lane(X, E, g, l);
-        const float rq = ple_rms_inv(ops_fold32(p), E, EPS);
-        for (int l = 0; l < OPS_WARP; l++) p[l] = ple_gate_dot_lane(X, key, wq, hc, E, g, rq, l);
-        const float sg = ple_gate_sigma(ops_fold32(p), E);
-        for (int l = 0; l < OPS_WARP; l++) p[l] = ple_gate_gss_lane(val, hc, E, g, sg, l);
-        const float rg = ple_rms_inv(ops_fold32(p), E, EPS);
-        for (int l = 0; l < OPS_WARP; l++)
-            for (int64_t k = l; k < E; k += OPS_WARP) {
-                gv[g * E + k] = ple_gate_gv(val, hc, E, g, sg, k);
-                gvn[g * E + k] = ple_gate_gvn(val, wc, hc, E, g, sg, rg, k);
-            }
-    }
+    /* ple_cuda_gate's grid: a warp per (token, stream), four stages */
+    expect_status(r, "launch", emu_ple_gate(X, key, val, wq, wc, L, hc, E, EPS, gv, gvn, NULL), STRATA_OK);
     const double e1 = rel_err(gv, gv_ref, L * W), e2 = rel_err(gvn, gvn_ref, L * W);
     const double e = e1 > e2 ? e1 : e2;
     note(r, e, e <= TOL);
@@ -228,6 +246,7 @@ static void check_conv(op_result *r, int64_t L, int64_t W, int64_t Kp, int64_t n
     float *ext = alloc_f((hist + L) * W), *ext_dev = alloc_f((hist + L) * W), *gv = alloc_f(L * W);
     float *w = alloc_f(W * Kp), *X = alloc_f(L * W), *X_ref = alloc_f(L * W);
     float *state = alloc_f(hist * W), *state_ref = alloc_f(hist * W);
+    float *X0 = alloc_f(L * W), *state0 = alloc_f(hist * W);   /* the inputs again, for the run without slots */
     float *slots = alloc_f(L * hist * W), *slots_ref = alloc_f(L * hist * W);
     fill(state, hist * W, 1.0f, 0.0f);
     fill(ext + hist * W, L * W, 1.0f, 0.0f);          /* gvn of the window, as ple.gate writes it */
@@ -235,24 +254,28 @@ static void check_conv(op_result *r, int64_t L, int64_t W, int64_t Kp, int64_t n
     fill(w, W * Kp, 0.6f, 0.0f);
     fill(X, L * W, 2.0f, 0.0f);
     memcpy(X_ref, X, (size_t)(L * W) * sizeof(float));
+    memcpy(X0, X, (size_t)(L * W) * sizeof(float));
     memcpy(state_ref, state, (size_t)(hist * W) * sizeof(float));
+    memcpy(state0, state, (size_t)(hist * W) * sizeof(float));
     /* C path: ext = [history | gvn] (ple_mix's memcpy), then the conv */
     memcpy(ext, state, (size_t)(hist * W) * sizeof(float));
     mdl_ple_conv(ext, gv, w, L, W, Kp, n, X_ref, state_ref, slots_ref);
-    /* ple_cuda_conv: ext's history rows hold garbage until its copy of state; then the three kernels */
+    /* ple_cuda_conv: ext's history rows hold garbage until the launcher copies state there; then the kernels */
     fill(ext_dev, hist * W, 1e3f, 0.0f);
     memcpy(ext_dev + hist * W, ext + hist * W, (size_t)(L * W) * sizeof(float));
-    memcpy(ext_dev, state, (size_t)(hist * W) * sizeof(float));
-    for (int64_t v = 0; v < L * W; v++) X[v] = ple_conv_unit(X, gv, ext_dev, w, W, Kp, n, v);
-    for (int64_t v = 0; v < hist * W; v++) state[v] = ple_conv_hist_unit(ext_dev, L, W, v);
-    for (int64_t v = 0; v < L * hist * W; v++) slots[v] = ple_conv_slot_unit(ext_dev, W, hist, v);
+    expect_status(r, "launch", emu_ple_conv(X, gv, ext_dev, w, L, W, Kp, n, state, slots, NULL), STRATA_OK);
     const double e = rel_err(X, X_ref, L * W);
     /* the same products and sums in the same order: X bit for bit, the history copies exact */
     const int exact_x = same_bits(X, X_ref, L * W);
     const int exact_h = same_bits(state, state_ref, hist * W) && same_bits(slots, slots_ref, L * hist * W);
     note(r, exact_h ? e : INFINITY, exact_x && exact_h);
+    /* without verify slots (a plain step): the same X and history */
+    fill(ext_dev, hist * W, 1e3f, 0.0f);
+    expect_status(r, "launch without slots", emu_ple_conv(X0, gv, ext_dev, w, L, W, Kp, n, state0, NULL, NULL),
+                  STRATA_OK);
+    note(r, 0.0, same_bits(X0, X_ref, L * W) && same_bits(state0, state_ref, hist * W));
     free(ext); free(ext_dev); free(gv); free(w); free(X); free(X_ref); free(state); free(state_ref); free(slots);
-    free(slots_ref);
+    free(slots_ref); free(X0); free(state0);
 }
 
 /* ---------------------------------------------------------------- mtp.norm_concat */
@@ -268,13 +291,8 @@ static void check_mtp(op_result *r, int64_t L, int64_t hc, int64_t E, uint64_t s
     fill(we, E, 0.3f, 1.0f);
     fill(wh, W, 0.3f, 1.0f);
     for (int64_t t = 0; t < L; t++) mdl_mtp_norm_concat(e + t * E, h + t * W, we, wh, hc, E, EPS, ref + t * hc * 2 * E, tmp);
-    /* mtp_k_norms: a warp per (token, part); mtp_k_concat: a thread per value */
-    for (int64_t u = 0; u < 2 * L; u++) {
-        float p[OPS_WARP];
-        for (int l = 0; l < OPS_WARP; l++) p[l] = mtp_norm_lane(e, h, hc, E, u, l);
-        rinv[u] = mtp_norm_rinv(ops_fold32(p), hc, E, u, EPS);
-    }
-    for (int64_t v = 0; v < n; v++) got[v] = mtp_concat_unit(e, h, we, wh, rinv, hc, E, v);
+    /* mtp_cuda_norm_concat's grid: mtp_k_norms, a warp per (token, part); mtp_k_concat, a thread per value */
+    expect_status(r, "launch", emu_mtp_norm_concat(e, h, we, wh, L, hc, E, EPS, rinv, got, NULL), STRATA_OK);
     const double err = rel_err(got, ref, n);
     note(r, err, err <= TOL);
     free(e); free(h); free(we); free(wh); free(tmp); free(ref); free(got); free(rinv);
@@ -294,26 +312,32 @@ int main(void) {
         /* odd: 5 heads of 64 (48 for NVFP4: 3 scale bytes) values, 3 shards of 7 rows */
         check_dequant(&dq[f], fmts[f], 3, 5, fmts[f] == PLE_ROWS_NVFP4_PACKED ? 48 : 64, 3, 7, 109 + 10 * f);
     }
+    check_dequant_refusals(&dq[1], &dq[3]);
     for (int f = 0; f < 4; f++) report(&dq[f]);
 
     op_result pr = {"ple.project", "-", 0, 0.0};
     for (int i = 0; i < 2; i++) check_project(&pr, Ls[i], hc, E, 200 + i);
     check_project(&pr, 5, 3, 37, 209);
+    /* no rows (and below, no tokens): the launch returns STRATA_OK before touching memory, so no buffers */
+    expect_status(&pr, "R 0", emu_ple_key_norm(NULL, NULL, 0, 4, 64, EPS, NULL), STRATA_OK);
     report(&pr);
 
     op_result gt = {"ple.gate", "-", 0, 0.0};
     for (int i = 0; i < 2; i++) check_gate(&gt, Ls[i], hc, E, 300 + i);
     check_gate(&gt, 5, 3, 37, 309);
+    expect_status(&gt, "L 0", emu_ple_gate(NULL, NULL, NULL, NULL, NULL, 0, 4, 64, EPS, NULL, NULL, NULL), STRATA_OK);
     report(&gt);
 
     op_result cv = {"ple.conv", "-", 0, 0.0};
     for (int i = 0; i < 2; i++) check_conv(&cv, Ls[i], hc * E, Kp, n, 400 + i);
     check_conv(&cv, 5, 3 * 37, 3, 2, 409);            /* L > history: the new history is all window rows */
+    expect_status(&cv, "L 0", emu_ple_conv(NULL, NULL, NULL, NULL, 0, 256, 4, 3, NULL, NULL, NULL), STRATA_OK);
     report(&cv);
 
     op_result mt = {"mtp.norm_concat", "-", 0, 0.0};
     for (int i = 0; i < 2; i++) check_mtp(&mt, Ls[i], hc, E, 500 + i);
     check_mtp(&mt, 3, 3, 37, 509);
+    expect_status(&mt, "L 0", emu_mtp_norm_concat(NULL, NULL, NULL, NULL, 0, 4, 64, EPS, NULL, NULL, NULL), STRATA_OK);
     report(&mt);
 
     if (!g_failed) printf("all checks passed\n");

@@ -15,14 +15,22 @@
 // MUTATION: kernels/cuda/qsa.cuh | h * 2 * hd + hd + e]; | h * 2 * hd + e]; | qsa.attn
 // MUTATION: kernels/cuda/qsa.cuh | return kv->scale[row * 2 + which] * | return kv->scale[row * 2] * | qsa.attn
 // MUTATION: kernels/cuda/qsa.cuh | return ns < 0 ? A->p0 + t + 1 : ns; | return ns < 0 ? A->p0 + t : ns; | qsa.attn
+// MUTATION: kernels/cuda/emu_mixers.h | const float *x = (which ? v : k) + (t * Hkv + kvh) * hd; | const float *x = (which ? k : v) + (t * Hkv + kvh) * hd; | qsa.store
+// MUTATION: kernels/cuda/emu_mixers.h | const int64_t b = b0 + u / dI, e = u % dI; | const int64_t b = u / dI, e = u % dI; | qsa.store
+// MUTATION: kernels/cuda/emu_mixers.h | memcpy(idx_k + p0 * dI, ik, | memcpy(idx_k + p0, ik, | qsa.store
+// MUTATION: kernels/cuda/emu_mixers.h | qsa_block_score(iq + t * nI * dI, blk + b * dI, nI, dI) | qsa_block_score(iq + t * dI, blk + b * dI, nI, dI) | qsa.index
+// MUTATION: kernels/cuda/emu_mixers.h | n_sel + t, lane); | n_sel + t, lane & 15); | qsa.select
+// MUTATION: kernels/cuda/emu_mixers.h | A.p0 = p0; | A.p0 = 0; | qsa.attn
 /*
  * test_cuda_ops_qsa.c — the QSA attention kernels' arithmetic (kernels/cuda/qsa.cuh) run on the host over
  * each launch's whole grid, in the kernels' order, against the C path (model/qsa.c) op by op (issue 19
- * point 4; tools/cuda_ops.py). Ops:
+ * point 4; tools/cuda_ops.py). Each launch is its launcher's host emulation (emu_qsa_* of
+ * kernels/cuda/emu_mixers.h, the launcher's signature), so a mutation of the units fails the emulation too;
+ * every launch must return STRATA_OK, and an empty one (no queries, no blocks, r 0) must touch nothing. Ops:
  *   qsa.store   K/V rows written to the cache in f32, f16 and int8 (+ per-row scale), against
- *               mdl_qsa_store_row (bytes and scales equal); the block pooling against mdl_qsa_blk_pool, and
- *               pooled rows + the C path's N1 and RoPE (the norm / rope kernels' part) against
- *               mdl_qsa_blk_summary.
+ *               mdl_qsa_store_row (bytes and scales equal); the raw indexer keys' copy; the block pooling
+ *               (in two launches) against mdl_qsa_blk_pool, and pooled rows + the C path's N1 and RoPE (the
+ *               norm / rope kernels' part) against mdl_qsa_blk_summary.
  *   qsa.index   block scores against mdl_qsa_block_score (bit for bit).
  *   qsa.select  the kept keys as sets, and their count, against mdl_qsa_select (qsa.c's heap, tie rule
  *               higher score then lower block), on the index's scores and on crafted scores full of ties
@@ -47,7 +55,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/cuda/qsa.cuh"
+#include "kernels/cuda/emu_mixers.h"
 #include "model/model.h"
 
 #include "check.h"
@@ -94,6 +102,13 @@ static void compare(int op, const char *what, const char *shape, const float *go
     record(op, what, shape, ops_max_rel_err(got, ref, n), tol);
 }
 
+/* Records a launch's status (none of these launchers refuses its arguments): 1 unless STRATA_OK. */
+static void launched(int op, const char *what, const char *shape, strata_status rc) {
+    if (rc != STRATA_OK) fprintf(stderr, "%s %s (%s): status %d (%s)\n", op_name[op], what, shape, (int)rc,
+                                 strata_last_error());
+    record(op, what, shape, rc == STRATA_OK ? 0.0 : 1.0, 0.0);
+}
+
 /* ---------------------------------------------------------------- inputs */
 
 
@@ -128,14 +143,12 @@ static double compare_sel(const char *shape, int64_t t, int32_t ns_got, const in
     return err;
 }
 
-/* The kernel qsa_k_select's launch on the host: one warp per query, every lane. sel is filled with -7
- * first so that a slot no lane writes shows. */
-static void select_launch(const float *score, int64_t ld, int64_t r, int64_t topk, int64_t p0, int64_t L,
-                          int32_t *sel, int64_t sel_cap, int32_t *n_sel) {
+/* qsa_cuda_select's launch on the host (emu_qsa_select: one warp per query, every lane). sel is filled
+ * with -7 first so that a slot no lane writes shows. */
+static void select_launch(const char *shape, const float *score, int64_t ld, int64_t r, int64_t topk, int64_t p0,
+                          int64_t L, int32_t *sel, int64_t sel_cap, int32_t *n_sel) {
     for (int64_t i = 0; i < L * sel_cap; i++) sel[i] = -7;
-    for (int64_t t = 0; t < L; t++)
-        for (int lane = 0; lane < OPS_WARP; lane++)
-            qsa_select_lane(score + t * ld, p0 + t, r, topk, sel + t * sel_cap, n_sel + t, lane);
+    launched(OP_SELECT, "launch", shape, emu_qsa_select(score, ld, r, topk, p0, L, sel, sel_cap, n_sel, NULL));
 }
 
 /* ---------------------------------------------------------------- one shape */
@@ -196,7 +209,11 @@ static void run_shape(const shape *sh, uint64_t seed) {
         mdl_qsa_blk_pool(idx_k, b, r, dI, pool_ref + b * dI);
         mdl_qsa_blk_summary(hp, k_norm, r, idx_k, b, tmp, bc, bc + sh->n_rot / 2, blk + b * dI);
     }
-    for (int64_t u = 0; u < nbt * dI; u++) pool_got[u] = qsa_blk_mean(idx_k, dI, r, u / dI, u % dI);   /* qsa_k_blk_pool */
+    /* qsa_cuda_blk_pool in two launches, as steps complete blocks: [0, nbt/2), then the rest */
+    const int64_t nb_half = nbt / 2;
+    launched(OP_STORE, "block pool launch", name, emu_qsa_blk_pool(idx_k, dI, r, 0, nb_half, pool_got, NULL));
+    launched(OP_STORE, "block pool launch", name,
+             emu_qsa_blk_pool(idx_k, dI, r, nb_half, nbt - nb_half, pool_got, NULL));
     for (int64_t b = 0; b < nbt; b++) {   /* the norm and rope kernels' part, by the C path here */
         mdl_rmsnorm(pool_got + b * dI, k_norm, dI, hp->eps, blk_got + b * dI);
         mdl_rope_angles(hp->rope_theta, hp->n_rot, b * r, bc, bc + sh->n_rot / 2);
@@ -204,8 +221,15 @@ static void run_shape(const shape *sh, uint64_t seed) {
     }
     compare(OP_STORE, "block pool", name, pool_got, pool_ref, nbt * dI, 0.0);
     compare(OP_STORE, "block summary", name, blk_got, blk, nbt * dI, 0.0);
+    /* qsa_cuda_idx_store: this step's raw keys, rows p0 .., after the earlier rows */
+    float *idx_got = malloc((size_t)(n_tok * dI) * sizeof(float));
+    memcpy(idx_got, idx_k, (size_t)(p0 * dI) * sizeof(float));
+    for (int64_t i = p0 * dI; i < n_tok * dI; i++) idx_got[i] = -7.0f;
+    launched(OP_STORE, "raw key launch", name, emu_qsa_idx_store(idx_got, idx_k + p0 * dI, dI, p0, L, NULL));
+    compare(OP_STORE, "raw keys", name, idx_got, idx_k, n_tok * dI, 0.0);
+    free(idx_got);
 
-    /* ---- qsa.index: every query whose selection binds, over its blocks (qsa_k_index) */
+    /* ---- qsa.index: every query whose selection binds, over its blocks (qsa_cuda_index's grid) */
     const int64_t ld = nbt > 0 ? nbt : 1;
     float *score_ref = calloc((size_t)(L * ld), sizeof(float)), *score_got = calloc((size_t)(L * ld), sizeof(float));
     int binding = 0;
@@ -213,11 +237,10 @@ static void run_shape(const shape *sh, uint64_t seed) {
         const int64_t nb = r > 0 ? (p0 + t + 1) / r : 0;
         if (r == 0 || nb <= topk) continue;
         binding++;
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = 0; b < nb; b++)
             score_ref[t * ld + b] = mdl_qsa_block_score(iq + t * nI * dI, blk + b * dI, nI, dI);
-            score_got[t * ld + b] = qsa_block_score(iq + t * nI * dI, blk + b * dI, nI, dI);
-        }
     }
+    launched(OP_INDEX, "launch", name, emu_qsa_index(iq, blk, nI, dI, r, topk, p0, L, score_got, ld, NULL));
     compare(OP_INDEX, "scores", name, score_got, score_ref, L * ld, 0.0);
 
     /* ---- qsa.select: the C path's select_task per query vs the warp's */
@@ -231,7 +254,7 @@ static void run_shape(const shape *sh, uint64_t seed) {
         n_sel_ref[t] = (r == 0 || nb <= topk) ? -1
                      : (int32_t)mdl_qsa_select(score_ref + t * ld, nb, topk, r, n, heap, sel_ref + t * sel_cap);
     }
-    select_launch(score_got, ld, r, topk, p0, L, sel_got, sel_cap, n_sel_got);
+    select_launch(name, score_got, ld, r, topk, p0, L, sel_got, sel_cap, n_sel_got);
     int sel_same = 1;   /* the kernels' selection is then safe to attend over */
     for (int64_t t = 0; t < L; t++) {
         const double e = compare_sel(name, t, n_sel_got[t], sel_got + t * sel_cap, n_sel_ref[t], sel_ref + t * sel_cap);
@@ -261,16 +284,13 @@ static void run_shape(const shape *sh, uint64_t seed) {
                 mdl_qsa_store_row(&sess, &st, st.k, pos, h, 0, kin + (pos * Hkv + h) * hd);
                 mdl_qsa_store_row(&sess, &st, st.v, pos, h, 1, vin + (pos * Hkv + h) * hd);
             }
-        /* earlier steps' rows as the C path left them; this step's L rows by the kernel (qsa_k_store) */
+        /* earlier steps' rows as the C path left them; this step's L rows by qsa_cuda_store's grid */
         memcpy(sg.k, st.k, (size_t)(p0 * Hkv * hd) * es);
         memcpy(sg.v, st.v, (size_t)(p0 * Hkv * hd) * es);
         memcpy(sg.kv_scale, st.kv_scale, (size_t)(2 * p0 * Hkv) * sizeof(float));
-        for (int64_t u = 0; u < L * 2 * Hkv; u++) {
-            const int64_t t = u / (2 * Hkv), which = (u / Hkv) % 2, h = u % Hkv;
-            const float *x = (which ? vin : kin) + ((p0 + t) * Hkv + h) * hd;
-            for (int lane = 0; lane < OPS_WARP; lane++)
-                qsa_store_lane(which ? sg.v : sg.k, sg.kv_scale, kt, Hkv, hd, p0 + t, h, (int)which, x, lane);
-        }
+        launched(OP_STORE, "K/V launch", name,
+                 emu_qsa_store(sg.k, sg.v, sg.kv_scale, kt, Hkv, hd, p0, L, kin + p0 * Hkv * hd, vin + p0 * Hkv * hd,
+                               NULL));
         /* the rows as floats (qsa_kv_value of each cache) and the raw bytes */
         char what[64];
         const qsa_kv kv_ref = {st.k, st.v, st.kv_scale, kt, Hkv, hd}, kv_got = {sg.k, sg.v, sg.kv_scale, kt, Hkv, hd};
@@ -303,17 +323,13 @@ static void run_shape(const shape *sh, uint64_t seed) {
             for (int64_t h = 0; h < H; h++)
                 mdl_qsa_gate(o_ref + (t * H + h) * hd, qg + t * 2 * H * hd + h * 2 * hd + hd, hd);
         for (int pass = 0; pass < (kt == QSA_KV_F32 && sel_same ? 2 : 1); pass++) {
-            /* pass 1: the kernels' own selection (ascending keys) */
-            const qsa_attn_job A = {kv_ref, q, qg, pass ? sel_got : sel_ref, pass ? n_sel_got : n_sel_ref,
-                                    w_got, o_got, p0, H, sel_cap, w_cap};
+            /* pass 1: the kernels' own selection (ascending keys); qsa_cuda_attn's grid, a block per (t, h) */
             memset(o_got, 0, (size_t)(L * H * hd) * sizeof(float));
-            for (int64_t t = 0; t < L; t++)   /* qsa_k_attn: one block per (t, h) */
-                for (int64_t h = 0; h < H; h++) {
-                    const int64_t n = qsa_n_keys(&A, t);
-                    for (int64_t i = 0; i < n; i++) qsa_attn_score(&A, t, h, i);
-                    const float inv = qsa_attn_inv(&A, t, h, qsa_attn_max(&A, t, h, 0), 0);
-                    for (int64_t e = 0; e < hd; e++) qsa_attn_out(&A, t, h, inv, e);
-                }
+            snprintf(what, sizeof what, "%s", pass ? "launch, the kernels' selection" : "launch");
+            launched(OP_ATTN_F32 + kt, what, name,
+                     emu_qsa_attn(kv_ref.k, kv_ref.v, kv_ref.scale, kt, H, Hkv, hd, p0, L, q, qg,
+                                  pass ? sel_got : sel_ref, sel_cap, pass ? n_sel_got : n_sel_ref, w_got, w_cap,
+                                  o_got, NULL));
             snprintf(what, sizeof what, "%s", pass ? "output, the kernels' selection" : "output");
             compare(OP_ATTN_F32 + kt, what, name, o_got, o_ref, L * H * hd, pass ? 1e-5 : 1e-6);
         }
@@ -345,11 +361,29 @@ static void tie_case(const char *what, int64_t r, int64_t topk, int64_t n, float
     }
     int32_t *ref = malloc((size_t)cap * sizeof(int32_t)), *got = malloc((size_t)cap * sizeof(int32_t)), ns_got;
     const int32_t ns_ref = nb <= topk ? -1 : (int32_t)mdl_qsa_select(score, nb, topk, r, n, heap, ref);
-    select_launch(score, nb, r, topk, n - 1, 1, got, cap, &ns_got);
     char name[128];
     snprintf(name, sizeof name, "%s: r %lld topk %lld n %lld", what, (long long)r, (long long)topk, (long long)n);
+    select_launch(name, score, nb, r, topk, n - 1, 1, got, cap, &ns_got);
     record(OP_SELECT, "kept keys", name, compare_sel(name, 0, ns_got, got, ns_ref, ref), 0.0);
     free(score); free(heap); free(ref); free(got);
+}
+
+/* ---------------------------------------------------------------- empty launches */
+
+/* Every launcher returns STRATA_OK at once for no queries (or no blocks, or r 0): nothing is read or written,
+ * so no buffers. */
+static void empty_launches(void) {
+    launched(OP_STORE, "K/V launch, L 0", "-",
+             emu_qsa_store(NULL, NULL, NULL, QSA_KV_F32, 2, 8, 5, 0, NULL, NULL, NULL));
+    launched(OP_STORE, "raw key launch, L 0", "-", emu_qsa_idx_store(NULL, NULL, 8, 5, 0, NULL));
+    launched(OP_STORE, "block pool launch, no blocks", "-", emu_qsa_blk_pool(NULL, 8, 4, 3, 0, NULL, NULL));
+    launched(OP_STORE, "block pool launch, r 0", "-", emu_qsa_blk_pool(NULL, 8, 0, 3, 2, NULL, NULL));
+    launched(OP_INDEX, "launch, L 0", "-", emu_qsa_index(NULL, NULL, 2, 8, 4, 2, 100, 0, NULL, 25, NULL));
+    launched(OP_INDEX, "launch, r 0", "-", emu_qsa_index(NULL, NULL, 2, 8, 0, 2, 100, 3, NULL, 25, NULL));
+    launched(OP_SELECT, "launch, L 0", "-", emu_qsa_select(NULL, 25, 4, 2, 100, 0, NULL, 12, NULL, NULL));
+    for (int kt = 0; kt < 3; kt++)
+        launched(OP_ATTN_F32 + kt, "launch, L 0", "-",
+                 emu_qsa_attn(NULL, NULL, NULL, kt, 4, 2, 8, 5, 0, NULL, NULL, NULL, 12, NULL, NULL, 6, NULL, NULL));
 }
 
 int main(void) {
@@ -371,6 +405,7 @@ int main(void) {
     tie_case("r 1", 1, 7, 50, 0.5f, 2, 14);
     tie_case("uniform", 4, 512, 40001, 0.3f, 0, 15);       /* 10000 blocks, zeros tied */
     tie_case("dense", 4, 512, 2051, 0.0f, 0, 16);          /* nb == topk: every key */
+    empty_launches();
 
     for (int op = 0; op < N_OPS; op++)
         printf("OP %s %s %s %.3g\n", op_name[op], op_types[op], op_fail[op] ? "fail" : "pass", op_err[op]);

@@ -23,11 +23,15 @@
 // MUTATION: kernels/cuda/merge.cuh | acc += w * out[row[i] * E + d]; | acc += w * out[i * E + d]; | merge.sum
 // MUTATION: kernels/cuda/merge.cuh | if (skip && skip[e]) continue; | if (skip && skip[k]) continue; | merge.sum
 // MUTATION: kernels/cuda/merge.cuh | const float g = gate[t] * sd_sh; | const float g = gate[t]; | merge.sum
+// MUTATION: kernels/cuda/emu_small.h | norm_rscale(ops_fold32(p), n, eps) | norm_rscale(p[0], n, eps) | norm.rmsnorm
+// MUTATION: kernels/cuda/emu_small.h | pi = i[0]; | pi = i[1]; | router.topk
+// MUTATION: kernels/cuda/emu_small.h | gate[t] = ops_sigmoid(ops_fold32(p)); | gate[t] = ops_sigmoid(p[0]); | merge.shared_gate
 /*
  * test_cuda_ops_small.c — the CUDA kernels of the small op families (kernels/cuda/{norm,rope,hc,router,
- * merge}.cuh) against the library's C path, on the host: every unit function runs over its whole
- * launch grid as the kernel runs it (a warp's 32 lanes one after the other, then ops_fold32 for the
- * shuffle tree), and the result is compared with the C function the CPU forward calls. Shapes are the
+ * merge}.cuh) against the library's C path, on the host: every launcher runs through its host
+ * emulation (kernels/cuda/emu_small.h: the unit functions over the kernel's whole launch grid, a warp's
+ * 32 lanes one after the other, then ops_fold32 for the shuffle tree), and the result is compared with
+ * the C function the CPU forward calls. So the mutations prove the emulation as well as the units. Shapes are the
  * real model's (hidden 2560, 4 streams, hc rank 320, QSA 24 q / 2 kv heads x 256 with 64 rotary dims,
  * indexer 4 x 128, 512 experts top-10, 640 wide) plus small odd ones.
  *
@@ -48,11 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/hc.cuh"
-#include "kernels/cuda/merge.cuh"
-#include "kernels/cuda/norm.cuh"
-#include "kernels/cuda/rope.cuh"
-#include "kernels/cuda/router.cuh"
+#include "kernels/cuda/emu_small.h"
 #include "model/model.h"
 #include "quant/quant.h"
 
@@ -136,17 +136,6 @@ static void op_end(const op_t *op) {
 
 /* ---------------------------------------------------------------- norm */
 
-/* norm_rows_kernel over every row: the 32 lanes' partials, ops_fold32 (the shuffle tree), the lanes' writes. */
-static void emu_norm_rows(const float *x, int64_t xs, const float *w, int64_t wg, int64_t rows, int64_t n, float eps,
-                          float *y, int64_t ys) {
-    for (int64_t r = 0; r < rows; r++) {
-        float p[OPS_WARP];
-        for (int lane = 0; lane < OPS_WARP; lane++) p[lane] = norm_lane_sumsq(x, xs, n, r, lane);
-        const float rs = norm_rscale(ops_fold32(p), n, eps);
-        for (int lane = 0; lane < OPS_WARP; lane++) norm_lane_write(x, xs, w, wg, n, r, rs, lane, y, ys);
-    }
-}
-
 /* Rows whose RMS differs by orders of magnitude, as activations do. */
 static float *fill_rows(int64_t rows, int64_t n) {
     float *x = malloc((size_t)(rows * n) * sizeof *x);
@@ -164,7 +153,7 @@ static void check_rmsnorm(void) {
         const int64_t L = 3, H = 24, hd = 256;
         float *qg = fill_rows(L * 2 * H, hd), *w = fill_u(hd, 0.6f, 1.4f);
         float *y = calloc((size_t)(L * H * hd), sizeof *y), *ref = calloc((size_t)(L * H * hd), sizeof *ref);
-        emu_norm_rows(qg, 2 * hd, w, 1, L * H, hd, EPS, y, hd);
+        CHECK(emu_rmsnorm_rows(qg, 2 * hd, w, 1, L * H, hd, EPS, y, hd, NULL) == STRATA_OK);
         for (int64_t t = 0; t < L; t++)
             for (int64_t h = 0; h < H; h++)
                 mdl_rmsnorm(qg + t * 2 * H * hd + h * 2 * hd, w, hd, EPS, ref + (t * H + h) * hd);
@@ -176,7 +165,7 @@ static void check_rmsnorm(void) {
         float *x = fill_rows(L * nI, dI), *w = fill_u(dI, 0.6f, 1.4f);
         float *ref = malloc((size_t)(L * nI * dI) * sizeof *ref);
         for (int64_t r = 0; r < L * nI; r++) mdl_rmsnorm(x + r * dI, w, dI, EPS, ref + r * dI);
-        emu_norm_rows(x, dI, w, 1, L * nI, dI, EPS, x, dI);
+        CHECK(emu_rmsnorm_rows(x, dI, w, 1, L * nI, dI, EPS, x, dI, NULL) == STRATA_OK);
         op_case(&op, rel_err(x, ref, L * nI * dI), TOL);
         free(x); free(w); free(ref);
     }
@@ -187,7 +176,7 @@ static void check_rmsnorm(void) {
         const int64_t rows = odd[c][0], n = odd[c][1];
         float *x = fill_rows(rows, n), *w = odd[c][2] ? fill_u(n, 0.6f, 1.4f) : NULL;
         float *y = malloc((size_t)(rows * n) * sizeof *y), *ref = malloc((size_t)(rows * n) * sizeof *ref);
-        emu_norm_rows(x, n, w, 1, rows, n, EPS, y, n);
+        CHECK(emu_rmsnorm_rows(x, n, w, 1, rows, n, EPS, y, n, NULL) == STRATA_OK);
         for (int64_t r = 0; r < rows; r++) mdl_rmsnorm(x + r * n, w, n, EPS, ref + r * n);
         op_case(&op, rel_err(y, ref, rows * n), TOL);
         free(x); free(w); free(y); free(ref);
@@ -204,7 +193,7 @@ static void check_group_rmsnorm(void) {
         const int64_t L = cases[c][0], G = cases[c][1], n = cases[c][2], W = G * n;
         float *x = fill_rows(L * G, n), *w = cases[c][3] ? fill_u(W, 0.6f, 1.4f) : NULL;
         float *y = malloc((size_t)(L * W) * sizeof *y), *ref = malloc((size_t)(L * W) * sizeof *ref);
-        emu_norm_rows(x, n, w, G, L * G, n, EPS, y, n);
+        CHECK(emu_rmsnorm_rows(x, n, w, G, L * G, n, EPS, y, n, NULL) == STRATA_OK);
         for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(x + t * W, w, G, n, EPS, ref + t * W);
         op_case(&op, rel_err(y, ref, L * W), TOL);
         free(x); free(w); free(y); free(ref);
@@ -224,7 +213,7 @@ static void check_rope_angles(void) {
         const int32_t nr = cases[c].n_rot, h = nr / 2;
         const int64_t L = cases[c].L;
         float *cs = calloc((size_t)(L * nr), sizeof *cs), *ref = calloc((size_t)(L * nr), sizeof *ref);
-        for (int64_t u = 0; u < L * h; u++) rope_angle_unit(cases[c].theta, nr, cases[c].p0, cases[c].dp, u, cs);
+        CHECK(emu_rope_angles(cases[c].theta, nr, cases[c].p0, cases[c].dp, L, cs, NULL) == STRATA_OK);
         for (int64_t t = 0; t < L; t++)
             mdl_rope_angles(cases[c].theta, nr, cases[c].p0 + t * cases[c].dp, ref + t * nr, ref + t * nr + h);
         op_case(&op, rel_err(cs, ref, L * nr), 0.0);
@@ -246,7 +235,7 @@ static void check_rope_apply(void) {
         float *cs = malloc((size_t)(L * nr) * sizeof *cs);
         for (int64_t t = 0; t < L; t++) mdl_rope_angles(1e7f, nr, 7 + 3 * t, cs + t * nr, cs + t * nr + h);
         float *x = fill_n(L * nh * xs, 1.0f), *ref = copy(x, L * nh * xs);
-        for (int64_t u = 0; u < L * nh * h; u++) rope_apply_unit(x, xs, nh, nr, cs, u);
+        CHECK(emu_rope_apply(x, xs, L * nh, nh, nr, cs, NULL) == STRATA_OK);
         for (int64_t r = 0; r < L * nh; r++) mdl_rope(ref + r * xs, nr, cs + (r / nh) * nr, cs + (r / nh) * nr + h);
         op_case(&op, rel_err(x, ref, L * nh * xs), 0.0);
         free(cs); free(x); free(ref);
@@ -264,7 +253,7 @@ static void check_hc_read_norm(void) {
         const int64_t L = cases[c][0], hc = cases[c][1], E = cases[c][2], W = hc * E;
         float *X = fill_rows(L * hc, E), *w = fill_u(W, 0.3f, 1.7f);
         float *xh = malloc((size_t)(L * W) * sizeof *xh), *ref = malloc((size_t)(L * W) * sizeof *ref);
-        emu_norm_rows(X, E, w, hc, L * hc, E, EPS, xh, E);   /* cuk_hc_read_norm's launch */
+        CHECK(emu_hc_read_norm(X, w, L, hc, E, EPS, xh, NULL) == STRATA_OK);
         for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(X + t * W, w, hc, E, EPS, ref + t * W);
         op_case(&op, rel_err(xh, ref, L * W), TOL);
         free(X); free(w); free(xh); free(ref);
@@ -281,7 +270,7 @@ static void check_hc_elementwise(void) {
         const int64_t L = cases[c][0], hc = cases[c][1], E = cases[c][2], R = cases[c][3], W = hc * E;
         {
             float *a = fill_n(L * R, 4.0f), *ref = copy(a, L * R);
-            for (int64_t i = 0; i < L * R; i++) hc_act_unit(a, hc, i);
+            CHECK(emu_hc_read_act(a, L * R, hc, NULL) == STRATA_OK);
             mdl_hc_act(ref, L * R, hc);
             op_case(&act, rel_err(a, ref, L * R), 0.0);
             free(a); free(ref);
@@ -289,7 +278,7 @@ static void check_hc_elementwise(void) {
         {
             float *g = fill_n(L * W, 3.0f), *xh = fill_n(L * W, 1.0f);
             float *u = malloc((size_t)(L * E) * sizeof *u), *ref = malloc((size_t)(L * E) * sizeof *ref);
-            for (int64_t i = 0; i < L * E; i++) hc_mix_unit(g, xh, hc, E, i, u);
+            CHECK(emu_hc_read_mix(g, xh, L, hc, E, u, NULL) == STRATA_OK);
             mdl_hc_mix(g, xh, L, hc, E, ref);
             op_case(&mix, rel_err(u, ref, L * E), 0.0);
             free(g); free(xh); free(u); free(ref);
@@ -297,7 +286,7 @@ static void check_hc_elementwise(void) {
         {
             float *a = fill_n(L * hc, 8.0f), *cc = malloc((size_t)(L * hc) * sizeof *cc);
             float *ref = malloc((size_t)(L * hc) * sizeof *ref);
-            for (int64_t i = 0; i < L * hc; i++) hc_inject_unit(a, hc, i, cc);
+            CHECK(emu_hc_inject(a, L * hc, hc, cc, NULL) == STRATA_OK);
             mdl_hc_inject_act(a, L * hc, hc, ref);
             op_case(&inj, rel_err(cc, ref, L * hc), 0.0);
             free(a); free(cc); free(ref);
@@ -309,7 +298,7 @@ static void check_hc_elementwise(void) {
             m->hp.hc = (int32_t)hc;
             float *X = fill_n(L * W, 1.0f), *ref = copy(X, L * W), *cc = fill_u(L * hc, 0.0f, 2.0f);
             float *y = fill_n(L * E, 1.0f);
-            for (int64_t i = 0; i < L * W; i++) hc_write_unit(X, cc, y, hc, E, i);
+            CHECK(emu_hc_write(X, cc, y, L, hc, E, NULL) == STRATA_OK);
             mdl_hc_write(m, ref, cc, y, L);
             op_case(&wr, rel_err(X, ref, L * W), 0.0);
             free(m); free(X); free(ref); free(cc); free(y);
@@ -348,14 +337,14 @@ static void hc_read_case(op_t *op, int64_t L, int64_t hc, int64_t E, int64_t R, 
     float *a = malloc((size_t)(L * R) * sizeof *a), *ai = malloc((size_t)(L * hc) * sizeof *ai);
     float *u = malloc((size_t)(L * E) * sizeof *u), *c = malloc((size_t)(L * hc) * sizeof *c);
     float *u_ref = malloc((size_t)(L * E) * sizeof *u_ref), *c_ref = malloc((size_t)(L * hc) * sizeof *c_ref);
-    emu_norm_rows(X, E, norm, hc, L * hc, E, EPS, xh, E);
+    CHECK(emu_hc_read_norm(X, norm, L, hc, E, EPS, xh, NULL) == STRATA_OK);
     CHECK(mdl_matmul(m, &down, 0, xh, L, a) == STRATA_OK);
-    for (int64_t i = 0; i < L * R; i++) hc_act_unit(a, hc, i);
+    CHECK(emu_hc_read_act(a, L * R, hc, NULL) == STRATA_OK);
     CHECK(mdl_matmul(m, &up, 0, a, L, g) == STRATA_OK);
-    for (int64_t i = 0; i < L * E; i++) hc_mix_unit(g, xh, hc, E, i, u);
+    CHECK(emu_hc_read_mix(g, xh, L, hc, E, u, NULL) == STRATA_OK);
     if (with_inject) {
         CHECK(mdl_matmul(m, &inject, 0, xh, L, ai) == STRATA_OK);
-        for (int64_t i = 0; i < L * hc; i++) hc_inject_unit(ai, hc, i, c);
+        CHECK(emu_hc_inject(ai, L * hc, hc, c, NULL) == STRATA_OK);
     }
     CHECK(mdl_hc_read(m, X, norm, &down, &up, with_inject ? &inject : NULL, L, u_ref, with_inject ? c_ref : NULL) ==
           STRATA_OK);
@@ -378,32 +367,6 @@ static void check_hc_read(void) {
 
 /* ---------------------------------------------------------------- router */
 
-/* router_topk_kernel for every token: lanes one after the other, ops_fold32 / router_fold_best for the
- * shuffle trees (the max is exact in any order). */
-static void emu_router_topk(float *lg, int64_t L, int64_t Ne, int64_t K, int32_t *pick, float *pw) {
-    for (int64_t t = 0; t < L; t++) {
-        float *p = lg + t * Ne;
-        float mx = -INFINITY, s[OPS_WARP];
-        for (int lane = 0; lane < OPS_WARP; lane++) mx = fmaxf(mx, router_lane_max(p, Ne, lane));
-        for (int lane = 0; lane < OPS_WARP; lane++) s[lane] = router_lane_exp(p, Ne, mx, lane);
-        const float sum = ops_fold32(s);
-        for (int lane = 0; lane < OPS_WARP; lane++) router_lane_scale(p, Ne, sum, lane);
-        float pv = 0.0f;
-        int32_t pi = -1;
-        for (int64_t k = 0; k < K; k++) {
-            float v[OPS_WARP];
-            int32_t i[OPS_WARP];
-            for (int lane = 0; lane < OPS_WARP; lane++) router_lane_next(p, Ne, pv, pi, lane, &v[lane], &i[lane]);
-            router_fold_best(v, i);
-            pv = v[0];
-            pi = i[0];
-            pick[t * K + k] = pi;
-            pw[t * K + k] = pv;
-        }
-        router_renorm(pw + t * K, K);
-    }
-}
-
 static void check_router_topk(void) {
     op_t op = {"router.topk", 0.0, 0};
     seed(41);
@@ -423,7 +386,7 @@ static void check_router_topk(void) {
         float *ref = copy(lg, L * Ne);
         int32_t *pick = malloc((size_t)(L * K) * sizeof *pick), *pick_ref = malloc((size_t)(L * K) * sizeof *pick_ref);
         float *pw = malloc((size_t)(L * K) * sizeof *pw), *pw_ref = malloc((size_t)(L * K) * sizeof *pw_ref);
-        emu_router_topk(lg, L, Ne, K, pick, pw);
+        CHECK(emu_router_topk(lg, L, Ne, K, pick, pw, NULL) == STRATA_OK);
         mdl_route(ref, L, Ne, K, pick_ref, pw_ref);
         if (memcmp(pick, pick_ref, (size_t)(L * K) * sizeof *pick)) {
             op.bad = 1;
@@ -458,19 +421,6 @@ static int32_t *random_picks(int64_t L, int64_t Ne, int64_t K) {
     return pick;
 }
 
-/* router count / prefix / fill kernels over their grids: count[Ne + 1], then slot[n], row[n]. The fill
- * runs only on counts that are a valid partition of the n pairs (a broken count must fail the check,
- * not write past slot). */
-static int emu_router_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count, int64_t *slot, int64_t *row) {
-    for (int64_t e = 0; e < Ne; e++) router_count_unit(pick, n, e, count);
-    router_prefix_unit(count, Ne);
-    int ok = count[0] == 0 && count[Ne] == n;
-    for (int64_t e = 0; e < Ne && ok; e++) ok = count[e] <= count[e + 1];
-    if (!ok) return 0;
-    for (int64_t e = 0; e < Ne; e++) router_fill_unit(pick, n, count, e, slot, row);
-    return 1;
-}
-
 static void check_router_group(void) {
     op_t op = {"router.group", 0.0, 0};
     seed(42);
@@ -486,7 +436,8 @@ static void check_router_group(void) {
         int64_t *slot_ref = malloc((size_t)n * sizeof *slot_ref);
         int64_t *fill = malloc((size_t)Ne * sizeof *fill);
         for (int64_t e = 0; e <= Ne; e++) count[e] = -7;   /* the units must write every entry */
-        const int filled = emu_router_group(pick, n, Ne, count, slot, row);
+        /* the emulation refuses counts that are no partition (the GPU's fill would write past slot) */
+        const int filled = emu_router_group(pick, n, Ne, count, slot, row, NULL) == STRATA_OK;
         mdl_route_group(pick, n, Ne, count_ref, fill, slot_ref);
         int bad = !filled || memcmp(count, count_ref, (size_t)(Ne + 1) * sizeof *count) != 0 ||
                   memcmp(slot, slot_ref, (size_t)n * sizeof *slot) != 0;
@@ -512,21 +463,12 @@ static void check_merge_glu(void) {
         const int64_t n = cases[c].n, F = cases[c].F;
         float *gu = fill_n(n * 2 * F, 3.0f);
         float *h = malloc((size_t)(n * F) * sizeof *h), *ref = malloc((size_t)(n * F) * sizeof *ref);
-        for (int64_t v = 0; v < n * F; v++) merge_glu_unit(gu, n, F, cases[c].fused, cases[c].sg, cases[c].su, v, h);
+        CHECK(emu_merge_glu(gu, n, F, cases[c].fused, cases[c].sg, cases[c].su, h, NULL) == STRATA_OK);
         mdl_moe_glu(gu, n, F, cases[c].fused, cases[c].sg, cases[c].su, ref);
         op_case(&op, rel_err(h, ref, n * F), 0.0);
         free(gu); free(h); free(ref);
     }
     op_end(&op);
-}
-
-/* merge_gate_kernel for every token: gate[t] = σ(lanes' dots folded). */
-static void emu_merge_gate(const float *w, const float *x, int64_t L, int64_t E, float *gate) {
-    for (int64_t t = 0; t < L; t++) {
-        float p[OPS_WARP];
-        for (int lane = 0; lane < OPS_WARP; lane++) p[lane] = merge_gate_lane_dot(w, x, E, t, lane);
-        gate[t] = ops_sigmoid(ops_fold32(p));
-    }
 }
 
 static void check_merge_shared_gate(void) {
@@ -538,7 +480,7 @@ static void check_merge_shared_gate(void) {
         float *w = fill_u(E, -1.0f, 1.0f), *x = fill_n(L * E, 1.0f);
         for (int64_t i = 0; i < E; i++) w[i] *= 2.0f / sqrtf((float)E);
         float *gate = malloc((size_t)L * sizeof *gate), *ref = malloc((size_t)L * sizeof *ref);
-        emu_merge_gate(w, x, L, E, gate);
+        CHECK(emu_merge_shared_gate(w, x, L, E, gate, NULL) == STRATA_OK);
         for (int64_t t = 0; t < L; t++) ref[t] = mdl_moe_shared_gate(w, x + t * E, E);
         op_case(&op, rel_err(gate, ref, L), TOL);
         free(w); free(x); free(gate); free(ref);
@@ -574,9 +516,9 @@ static void check_merge_sum(void) {
         for (int64_t i = 0; i < E; i++) w_seg[i] *= zero_gate ? 0.0f : 2.0f / sqrtf((float)E);
         float *gate = malloc((size_t)L * sizeof *gate);
         float *y = malloc((size_t)(L * E) * sizeof *y), *ref = malloc((size_t)(L * E) * sizeof *ref);
-        emu_merge_gate(w_seg, u, L, E, gate);
-        for (int64_t v = 0; v < L * E; v++)
-            merge_sum_unit(pick, pw, sd, scaled ? skip : NULL, row, out, gate, sd_sh, sho, E, K, v, y);
+        CHECK(emu_merge_shared_gate(w_seg, u, L, E, gate, NULL) == STRATA_OK);
+        CHECK(emu_merge_sum(pick, pw, sd, scaled ? skip : NULL, row, out, gate, sd_sh, sho, L, E, K, y, NULL) ==
+              STRATA_OK);
         mdl_moe_combine(&down, &sh_down, w_seg, u, L, E, Ne, K, count, slot, skip, pw, out, sho, ref);
         op_case(&op, rel_err(y, ref, L * E), zero_gate ? 0.0 : TOL);
         free(pick); free(pw); free(count); free(slot); free(fill); free(row); free(sd); free(skip); free(out);

@@ -43,7 +43,7 @@ extern "C" void strata_cuda_gemm_destroy(void *handle) {
 }
 
 extern "C" size_t strata_cuda_gemm_tile_bytes(int64_t K, int64_t tile_rows, int f16) {
-    return (size_t)K * (size_t)tile_rows * (f16 ? 2 : 4);
+    return gemm_tile_bytes(K, tile_rows, f16);
 }
 
 extern "C" strata_status strata_cuda_gemm(void *handle, void *stream, int type, const void *W, size_t row_bytes,

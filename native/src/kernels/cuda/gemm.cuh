@@ -17,6 +17,12 @@
 #include "kernels/cuda/ops_common.cuh"
 #include "kernels/cuda/blocks.cuh"
 
+/* Bytes of tile scratch that tile_rows rows of K values take (f16: halves, else floats): gemm.h's
+ * strata_cuda_gemm_tile_bytes. */
+OPS_FN size_t gemm_tile_bytes(int64_t K, int64_t tile_rows, int f16) {
+    return (size_t)K * (size_t)tile_rows * (f16 ? 2 : 4);
+}
+
 /* Values per tile row are K: chunk c of W row r (r0 <= r) goes to tile[(r - r0) * K + 32c ..]. */
 OPS_FN void gemm_tile_f32(int type, const uint8_t *W, size_t row_bytes, int64_t K, int64_t r0, int64_t r, int64_t c,
                           float *tile) {
@@ -36,11 +42,22 @@ OPS_FN void gemm_tile_f16(int type, const uint8_t *W, size_t row_bytes, int64_t 
 
 OPS_FN void gemm_x_f16(const float *x, uint16_t *x16, int64_t i) { x16[i] = ops_f32_to_f16(x[i]); }
 
-/* dot(tile row, x) over K values in order: the product where there is no cuBLAS. */
+/* dot(tile row, x), the product where there is no cuBLAS, in the decode kernel's order (gemv.cuh
+ * gemv_lane_partial, then the warp's fold): lane l sums the 32-value chunks c = l, l + 32, ... in value
+ * order, ops_fold32 folds the 32 lanes. So a prefill product has the bits of the decode kernel's, and a row's
+ * numbers do not depend on how many rows share its step (the tile holds the decoder's values bit for bit). */
 OPS_FN float gemm_tile_dot(const float *trow, const float *x, int64_t K) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; k++) acc = fmaf(trow[k], x[k], acc);
-    return acc;
+    float p[OPS_WARP];
+    const int64_t nc = (K + 31) / 32;
+    for (int lane = 0; lane < OPS_WARP; lane++) {
+        float acc = 0.0f;
+        for (int64_t c = lane; c < nc; c += OPS_WARP) {
+            const int64_t k1 = 32 * c + 32 < K ? 32 * c + 32 : K;
+            for (int64_t k = 32 * c; k < k1; k++) acc = fmaf(trow[k], x[k], acc);
+        }
+        p[lane] = acc;
+    }
+    return ops_fold32(p);
 }
 
 #ifdef __CUDACC__

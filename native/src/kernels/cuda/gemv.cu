@@ -1,4 +1,4 @@
-// gemv.cu — launchers of the decode matrix-vector kernels (gemv.cuh; declared in gemv.h).
+// gemv.cu — launchers of the decode matrix-vector kernels and the product scale (gemv.cuh; declared in gemv.h).
 #include "kernels/cuda/gemv.cuh"
 
 extern "C" {
@@ -39,4 +39,12 @@ extern "C" strata_status strata_cuda_gemv(void *stream, int type, const void *W,
                                                                       K, n, y, R);
     e = cudaGetLastError();
     return e == cudaSuccess ? STRATA_OK : gemv_fail(e, "gemv");
+}
+
+extern "C" strata_status strata_cuda_scale(void *stream, float *y, int64_t n, float s) {
+    if (n < 0) return strata_fail(STRATA_ERR_INVALID_ARG, "cuda scale: %lld values", (long long)n);
+    if (n == 0) return STRATA_OK;
+    k_gemv_scale<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(y, n, s);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? STRATA_OK : gemv_fail(e, "scale");
 }

@@ -14,6 +14,9 @@
  * order with fmaf (gemv_lane_partial); the lanes are then folded with ops_warp_sum, which the host
  * reproduces with ops_fold32 (ops_common.cuh). A row of K values is thus split into ceil(K / 32)
  * chunks: 80 for the hidden width 2560, 20 for an expert's 640.
+ *
+ * Scale: an NVFP4 tensor's per-tensor `.scale` multiplies every output of its product (mdl_matmul does
+ * it after strata_matmul): one thread per value, y[i] *= s, the C path's single rounding.
  */
 #ifndef STRATA_KERNELS_CUDA_GEMV_CUH
 #define STRATA_KERNELS_CUDA_GEMV_CUH
@@ -42,6 +45,9 @@ OPS_FN float gemv_lane_partial(int type, const uint8_t *row, int64_t K, const fl
     return acc;
 }
 
+/* y[i] *= s: one output of a product times its tensor's .scale. */
+OPS_FN void gemv_scale_unit(float *y, float s, int64_t i) { y[i] *= s; }
+
 #ifdef __CUDACC__
 enum { GEMV_WARPS = 8 };   // warps (rows) per block of 256 threads
 
@@ -62,6 +68,12 @@ static __global__ void k_gemv(int type, const uint8_t *W, size_t row_bytes, int6
         const float s = ops_warp_sum(gemv_lane_partial(type, W + (size_t)r * row_bytes, K, x + t * ldx, lane));
         if (lane == 0) y[t * ldy + r] = s;
     }
+}
+
+/* y[i] *= s for i < n; one thread per value. */
+static __global__ void k_gemv_scale(float *y, int64_t n, float s) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) gemv_scale_unit(y, s, i);
 }
 #endif
 

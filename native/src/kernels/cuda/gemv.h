@@ -1,6 +1,6 @@
-/* gemv.h — the decode matrix-vector launchers of kernels/cuda/gemv.cu (C-callable; pointers are device
- * pointers, stream a cudaStream_t). The arithmetic is gemv.cuh's; the host check is
- * tests/native/test_cuda_ops_gemv.c. */
+/* gemv.h — the decode matrix-vector launchers (and the products' scale) of kernels/cuda/gemv.cu (C-callable;
+ * pointers are device pointers, stream a cudaStream_t). The arithmetic is gemv.cuh's; the host check is
+ * tests/native/test_cuda_ops_gemv.c, the host emulation kernels/cuda/emu_small.h. */
 #ifndef STRATA_KERNELS_CUDA_GEMV_H
 #define STRATA_KERNELS_CUDA_GEMV_H
 
@@ -24,6 +24,10 @@ strata_status strata_cuda_act_quant(void *stream, int act, const float *x, float
  * another type, STRATA_ERR_IO for a CUDA error. */
 strata_status strata_cuda_gemv(void *stream, int type, const void *W, size_t row_bytes, int64_t R, int64_t K,
                                const float *xq, int64_t n, float *y);
+
+/* y[i] *= s for i < n: a product's outputs times its NVFP4 tensor's per-tensor .scale (as mdl_matmul
+ * after the product). STRATA_ERR_INVALID_ARG for n < 0, STRATA_ERR_IO for a CUDA error. */
+strata_status strata_cuda_scale(void *stream, float *y, int64_t n, float s);
 
 #ifdef __cplusplus
 }

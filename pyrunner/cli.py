@@ -524,7 +524,15 @@ def _engine_options(f):
         click.option("--kv-type", type=click.Choice(["f32", "f16", "int8"]), default=None,
                      help="KV cache type [default: f16]."),
         click.option("--device", type=click.Choice(["cpu", "sim", "cuda"]), default=None, help="Where experts run [default: cpu]."),
-        click.option("--cache-gib", type=float, default=None, help="Expert cache size on the device, GiB."),
+        click.option("--cache-gib", type=float, default=None,
+                     help="Expert cache size on the device, GiB [default: with the dense forward on the GPU, what is "
+                          "left of it (printed at start); else none]."),
+        click.option("--dense", type=click.Choice(["auto", "cpu", "device", "emu"]), default=None,
+                     help="Where the dense forward runs: the GPU (device), the CPU, or emu (the GPU's kernels "
+                          "emulated on the host: slow, for tests) [default: auto, the GPU with --device cuda]."),
+        click.option("--vram-gib", type=float, default=None,
+                     help="GPU memory Strata may use in all, GiB (dense weights, state, work buffers, expert "
+                          "cache) [default: what is free]."),
         click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
         click.option("--split", type=click.Choice(["seed", "online"]), default=None,
                      help="How that share is chosen: online (one per MoE layer, from live costs, every decode "
@@ -582,9 +590,9 @@ _GPU_EXPERTS = ("`--device cuda --cache-gib X` keeps the experts that fit in X G
                 "swapped as routing changes); missing ones are copied over PCIe (`--pcie-frac`) or run on the CPU")
 _LLAMA_CPP_ONLY = (
     (("-ngl", "--n-gpu-layers", "--gpu-layers"), False,
-     f"Strata has no layer split: {_GPU_EXPERTS}; the dense weights stay on the CPU"),
+     f"Strata has no layer split: with `--device cuda` every dense layer runs on the GPU; {_GPU_EXPERTS}"),
     (("-ot", "--override-tensor"), False,
-     f"Strata places tensors itself, not by name: {_GPU_EXPERTS}; everything else stays on the CPU"),
+     f"Strata places tensors itself, not by name: with `--device cuda` the dense weights go to the GPU; {_GPU_EXPERTS}"),
     (("-ncmoe", "--n-cpu-moe"), False, f"Strata places experts one by one, not by layer: {_GPU_EXPERTS}"),
     (("-cmoe", "--cpu-moe"), True, "every expert already runs on the CPU with `--device cpu` (the default)"),
 )
@@ -601,7 +609,7 @@ def _llama_cpp_only(why: str):
     return refuse
 
 
-_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
+_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "dense", "vram_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
            "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "expert_prefetch",
            "split")
 
@@ -655,6 +663,8 @@ def _open_model(kwargs: dict):
             model = Model(path, **engine)
         for w in caught:
             click.echo(f"warning: {w.message}", err=True)
+        if model.device_log:
+            click.echo(model.device_log, err=True)           # the GPU's memory, part by part
         if model.device != "cpu" or model.offload_stats()["tail_skip"]:
             click.echo(model.offload_log, err=True)          # DESIGN §7: the start-up log
         if model.has_ple:

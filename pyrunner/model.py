@@ -37,6 +37,10 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
 EXPERT_IO = {"auto": lib.STRATA_EXPERT_IO_AUTO, "mmap": lib.STRATA_EXPERT_IO_MMAP, "direct": lib.STRATA_EXPERT_IO_DIRECT}
 EXPERT_IO_BACKENDS = {"auto": 0, "io_uring": 1, "pread": 2}
 SPLITS = {"seed": lib.STRATA_SPLIT_SEED, "online": lib.STRATA_SPLIT_ONLINE}
+# where the dense forward runs (strata.h strata_dense); "emu": the GPU forward emulated on the host (tests)
+DENSE = {"auto": lib.STRATA_DENSE_AUTO, "cpu": lib.STRATA_DENSE_CPU, "device": lib.STRATA_DENSE_DEVICE,
+         "emu": lib.STRATA_DENSE_EMU}
+CACHE_AUTO = 2**64 - 1   # strata.h STRATA_CACHE_AUTO: fit the expert cache into what the GPU has left
 _STORE_KEYS = ("active", "ram_slots", "ram_bytes", "ram_lookups", "ram_hits", "ram_groups", "ram_group_hits",
                "ram_miss_bytes", "read_bytes", "reads", "evictions", "bypassed", "read_s", "prefetch_experts",
                "prefetch_bytes", "prefetch_unused_experts", "prefetch_unused_bytes", "predicted", "predicted_right")
@@ -117,7 +121,8 @@ class Model:
                  ple_step_timeout_s: float | None = None, repack: bool | None = None, mtp_max: int = 3,
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
                  expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool | int = True,
-                 split: str | None = None, ple_cache_mib: float | None = None):
+                 split: str | None = None, ple_cache_mib: float | None = None, dense: str | None = None,
+                 vram_gib: float | None = None):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -154,7 +159,11 @@ class Model:
         layer l's MoE input. split: how the share of missing experts sent over the link is chosen on a
         device ("online", the default: one share per MoE layer, moved by what that layer's decode windows
         cost, strata.h strata_split; "seed": one share, from the probe and pyrunner.controller's three
-        updates; None: "seed" when pcie_frac is given, which then stays fixed, else "online").
+        updates; None: "seed" when pcie_frac is given, which then stays fixed, else "online"). dense: where the
+        dense forward runs ("auto", the default: on the GPU with device "cuda", else the CPU; "cpu";
+        "device"; "emu": the GPU forward with every kernel emulated on the host, for tests — strata.h
+        strata_dense; the CLI's --dense, STRATA_DENSE); vram_gib: GPU memory Strata may use in all (None: what is free); with the dense forward
+        on a GPU and cache_gib None the expert cache takes what is left (Model.device_log says how much).
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -174,6 +183,12 @@ class Model:
             raise ValueError(f"prefill_chunk must be positive (got {prefill_chunk})")
         if cache_gib is not None and cache_gib < 0:
             raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
+        if dense is None:
+            dense = "auto"
+        if dense not in DENSE:
+            raise ValueError(f"dense {dense!r}: choose one of {', '.join(DENSE)}")
+        if vram_gib is not None and vram_gib <= 0:
+            raise ValueError(f"vram_gib must be > 0 (got {vram_gib})")
         if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
         if split is None:
@@ -234,7 +249,12 @@ class Model:
         p.ple_mode = _ple_mode(ple_mode)
         p.n_ubatch = min(512, self.prefill_chunk)
         p.device = DEVICES[device]
-        p.cache_bytes = int((cache_gib or 0) * (1 << 30))
+        # no cache_gib with the dense forward on a GPU: the cache is fitted to what the GPU has left
+        dense_on_gpu = dense in ("device", "emu") or (dense == "auto" and device == "cuda")
+        p.cache_bytes = CACHE_AUTO if cache_gib is None and dense_on_gpu else int((cache_gib or 0) * (1 << 30))
+        p.dense = DENSE[dense]
+        if vram_gib is not None:
+            p.vram_bytes = int(vram_gib * (1 << 30))
         p.pcie_frac = -1.0 if pcie_frac is None else float(pcie_frac)
         # None (argument and environment unset): the field keeps strata_model_default_params()'s value
         if sim_link_gbps is not None:
@@ -370,6 +390,11 @@ class Model:
         out["pcie_frac_min"] = float(st.pcie_frac_min)
         out["pcie_frac_max"] = float(st.pcie_frac_max)
         return out
+
+    @property
+    def device_log(self) -> str:
+        """Where the dense forward runs and, on a device, the size of every part in its memory ("" on the CPU)."""
+        return ffi.string(lib.strata_model_device_log(self._ptr)).decode()
 
     @property
     def store_log(self) -> str:

@@ -25,7 +25,11 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 8
+#define STRATA_ABI_VERSION 9
+/* strata_model_params.cache_bytes: fit the expert cache into what the device has left after the dense
+ * weights, one session's state at n_ctx, the work buffers and a margin (strata_model_device_log says how
+ * much that was). The binding spells it 2**64 - 1. */
+#define STRATA_CACHE_AUTO UINT64_MAX
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -409,7 +413,24 @@ typedef struct strata_model_params {
                                   row_bytes entries (at most the table's rows) plus an index of 17-25 bytes
                                   an entry (64 MiB of 90-byte rows: 745,654 rows, 14.7 MB of index); gathers read only the rows it misses. Default 64 MiB; 0 = off
                                   (every row read from the table, as before the cache) */
+    int32_t dense;             /* strata_dense: where the dense forward runs; default AUTO */
+    uint64_t vram_bytes;       /* --vram-gib: GPU memory Strata may use in all (dense weights, state, work buffers,
+                                  expert cache); 0 = the device's free memory */
 } strata_model_params;
+
+
+/* Where the dense forward (hyper-connections, GDN, QSA, the LM head) runs. AUTO: on the GPU with
+ * STRATA_DEVICE_CUDA, else on the CPU. CPU: the C forward, with experts on whatever device is chosen.
+ * DEVICE: on the GPU (an error without one). EMU: the GPU forward run on the host, every kernel emulated
+ * over its launch grid (kernels/cuda/emu_*.h): the device forward's own numbers and buffer handling on a
+ * machine without a GPU, for tests; slow. In this version routed and shared experts, the router and the
+ * PLE layer stay on the host (their results are copied per layer), as does the MTP head. */
+typedef enum strata_dense {
+    STRATA_DENSE_AUTO = 0,
+    STRATA_DENSE_CPU = 1,
+    STRATA_DENSE_DEVICE = 2,
+    STRATA_DENSE_EMU = 3
+} strata_dense;
 
 /* The split of missing expert groups between the link and the CPU pool (DESIGN §4). SEED: one global
  * pcie_frac from the probe, set by the caller (pyrunner.controller's three updates). ONLINE: one share per
@@ -541,6 +562,9 @@ strata_status strata_model_store_stats(strata_model *m, strata_store_stats *out)
 /* One line: the access mode chosen and why, the budget, slots, policy, read backend. Static until the
  * model is freed. */
 const char *strata_model_store_log(const strata_model *m);
+/* Where the dense forward runs and, on a device, every part's size in its memory (dense weights, state,
+ * work buffers, expert cache, free and the cap): the start-up log. "" when it runs on the CPU. */
+const char *strata_model_device_log(const strata_model *m);
 /* The replacement policies the RAM slots accept (comma-separated, the default first). */
 const char *strata_cache_policies(void);
 

@@ -61,6 +61,8 @@ strata_model_params strata_model_default_params(void) {
     p.expert_prefetch = 2;
     p.split = STRATA_SPLIT_ONLINE;
     p.ple_cache_bytes = pp.cache_bytes;
+    p.dense = STRATA_DENSE_AUTO;
+    p.vram_bytes = 0;
     return p;
 }
 
@@ -95,6 +97,7 @@ strata_status mdl_model_open(strata_gguf *g, const strata_model_params *params, 
     m->repack_bytes *= (uint64_t)m->params.n_threads;
     pthread_mutex_init(&m->trace_mu, NULL);
     if ((rc = mdl_store_open(m))) goto fail;
+    if ((rc = mdl_dense_open(m))) goto fail;
     if ((rc = mdl_offload_open(m))) goto fail;
     *out = m;
     return STRATA_OK;
@@ -114,6 +117,7 @@ strata_status strata_model_load(const char *path, const strata_model_params *par
 void strata_model_free(strata_model *m) {
     if (!m) return;
     mdl_offload_close(m);
+    mdl_dense_close(m);
     mdl_store_close(m);
     if (m->trace) fclose(m->trace);
     mdl_model_release(m);
@@ -160,6 +164,7 @@ strata_status strata_model_trace_routing(strata_model *m, const char *path) {
 }
 
 const strata_gguf *strata_model_gguf(const strata_model *m) { return m ? m->gguf : NULL; }
+const char *strata_model_device_log(const strata_model *m) { return m ? m->device_log : ""; }
 
 strata_status strata_session_init(strata_model *m, strata_session **out) {
     if (!m || !out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_session_init: null argument");
@@ -183,15 +188,7 @@ void strata_session_reset(strata_session *s) {
 
 int64_t strata_session_n_past(const strata_session *s) { return s ? s->n_past : 0; }
 
-/* One sequence's part of a forward step: its L tokens sit at rows [r0, r0 + L) of the step's buffers;
- * the logits of its rows [row0, L) go to out (NULL: none), the pre-mixer streams of every row to
- * hidden (NULL: none). */
-typedef struct {
-    strata_session *s;
-    const int32_t *ids;
-    int64_t L, r0, row0;
-    float *out, *hidden;
-} fwd_seq;
+typedef mdl_fwd_seq fwd_seq;
 
 /* One step of n sequences (each L <= cap tokens) in the buffers X [R x hc*E], u, y [R x E], c [R x hc]
  * (R: the sum of the L). Every dense product runs once over all R rows and the MoE merges every
@@ -411,8 +408,12 @@ static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
         wd->tokens = r;
         wd->layer = -1;
         strata_session *s0 = q[0].s;
-        rc = n > 1 ? forward(q, nq, buf, buf + r * W, buf + r * (W + E), buf + r * (W + 2 * E))
-                   : forward(q, nq, s0->X, s0->u, s0->y, s0->c);
+        if (m->dk)
+            rc = n > 1 ? mdl_forward_dev(q, nq, buf, buf + r * W, buf + r * (W + E))
+                       : mdl_forward_dev(q, nq, s0->X, s0->u, s0->y);
+        else
+            rc = n > 1 ? forward(q, nq, buf, buf + r * W, buf + r * (W + E), buf + r * (W + 2 * E))
+                       : forward(q, nq, s0->X, s0->u, s0->y, s0->c);
         if (rc) break;
         for (int i = 0; i < nq; i++) {
             q[i].s->n_valid = q[i].s->n_past;

@@ -46,6 +46,7 @@ typedef struct {
     size_t mat_bytes;
     const float *scale;     /* owned copy, n_scale values */
     int64_t n_scale;
+    void *dev;              /* its bytes in the dense device's memory (fwd_dev.c), or NULL */
 } mdl_mat;
 
 typedef struct {
@@ -149,6 +150,9 @@ struct strata_model {
     off_engine *off;           /* MoE offload engine (moe/offload.h); NULL: plain CPU path */
     xs_store *xs;              /* expert store's RAM tier (moe/xstore.h); NULL: experts read in place (mmap) */
     char store_log[1400];       /* strata_model_store_log */
+    const struct mdl_dk *dk;   /* the dense forward's device (device/dense.h); NULL: the C forward */
+    struct mdl_dense *dense;   /* its weights, stream and plan (fwd_dev.c) */
+    char device_log[1024];     /* strata_model_device_log */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
     uint64_t trace_window;
@@ -176,6 +180,8 @@ struct strata_session {
     int64_t n_ctx;
     mdl_layer_state *ls;       /* [n_ls] = [hp.n_layer + hp.n_mtp] (state.c) */
     int32_t n_ls;              /* kept here: release must not read the model (it may be gone first) */
+    const struct mdl_dk *dk;   /* m->dk, kept here for the same reason: layers [0, n_trunk) hold device state */
+    int32_t n_trunk;
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
     strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
@@ -197,6 +203,7 @@ struct strata_session {
     float *X;                  /* cap x hc*E residual streams */
     float *u, *y;              /* cap x E */
     float *c;                  /* cap x hc inject factors */
+    struct mdl_dsess *ds;      /* the device forward's work buffers (fwd_dev.c); NULL on the C forward */
 };
 
 /* The .scale of matrix mi of w (1 when the tensor has none). */
@@ -298,6 +305,37 @@ static inline int64_t gdn_open_floats(const mdl_hparams *h) {
 /* Rows of the session's open GDN chunk (every GDN layer holds as many); 0 when none is open. */
 int64_t mdl_gdn_open_rows(const strata_session *s);
 void mdl_spec_release(strata_session *s);
+
+/* ---------------------------------------------------------------- the forward on a device (fwd_dev.c) */
+
+/* One sequence's part of a forward step: its L tokens sit at rows [r0, r0 + L) of the step's buffers;
+ * the logits of its rows [row0, L) go to out (NULL: none), the pre-mixer streams of every row to
+ * hidden (NULL: none). */
+typedef struct {
+    strata_session *s;
+    const int32_t *ids;
+    int64_t L, r0, row0;
+    float *out, *hidden;
+} mdl_fwd_seq;
+
+/* At load (model.c, before the offload engine): picks where the dense forward runs (params.dense), and
+ * on a device uploads the dense weights, fits the expert cache (params.cache_bytes STRATA_CACHE_AUTO, or
+ * checks the one asked for) and writes device_log. m->dk stays NULL on the CPU. */
+strata_status mdl_dense_open(strata_model *m);
+void mdl_dense_close(strata_model *m);
+/* One step of n sequences on the device: the C forward's contract (model.c forward); X [R x hc*E], u, y
+ * [R x E] are host buffers the step stages through (the PLE layer's streams, the MoE's input and output). */
+strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *y);
+void mdl_dense_session_free(strata_session *s);
+/* The device bytes of one session's state at n tokens (the trunk's GDN and QSA layers). */
+uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens);
+
+/* state.c: the memory of layer il's state — the dense device's for the trunk's layers when the forward runs
+ * there, else the heap (dk NULL). Zeroed allocation; copies of `kind` DK_* (memcpy on the heap). */
+const struct mdl_dk *mdl_state_dk(const strata_session *s, int il);
+void *mdl_st_calloc(const struct mdl_dk *dk, size_t bytes);
+void mdl_st_free(const struct mdl_dk *dk, void *p);
+strata_status mdl_st_copy(const struct mdl_dk *dk, void *dst, const void *src, size_t bytes, int kind);
 
 /* state.c */
 strata_status mdl_session_alloc(strata_model *m, strata_session *s);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/dense.h"
 #include "util/error.h"
 
 static size_t gdn_conv_floats(const mdl_hparams *h) {
@@ -49,8 +50,8 @@ static void trim_blocks(strata_session *s, int64_t n_past) {
 
 static void free_slots(strata_session *s) {
     for (int il = 0; s->ls && il < s->n_ls; il++) {
-        free(s->ls[il].S_slots);
-        free(s->ls[il].conv_slots);
+        mdl_st_free(mdl_state_dk(s, il), s->ls[il].S_slots);
+        mdl_st_free(mdl_state_dk(s, il), s->ls[il].conv_slots);
         s->ls[il].S_slots = s->ls[il].conv_slots = NULL;
     }
     free(s->ple_conv_slots);
@@ -77,8 +78,8 @@ strata_status strata_session_set_spec_max(strata_session *s, int32_t n_max) {
     for (int il = 0; il < h->n_layer; il++) {
         if (m->layers[il].is_qsa) continue;
         mdl_layer_state *st = &s->ls[il];
-        st->S_slots = malloc((size_t)n_max * gdn_S_floats(h) * sizeof(float));
-        st->conv_slots = malloc((size_t)n_max * gdn_conv_floats(h) * sizeof(float) + 1);
+        st->S_slots = mdl_st_calloc(mdl_state_dk(s, il), (size_t)n_max * gdn_S_floats(h) * sizeof(float));
+        st->conv_slots = mdl_st_calloc(mdl_state_dk(s, il), (size_t)n_max * gdn_conv_floats(h) * sizeof(float) + 1);
         bytes += (uint64_t)n_max * (gdn_S_floats(h) + gdn_conv_floats(h)) * sizeof(float);
         if (!st->S_slots || !st->conv_slots) goto nomem;
     }
@@ -108,12 +109,17 @@ strata_status strata_session_rollback(strata_session *s, int64_t n_past) {
     const strata_model *m = s->m;
     const mdl_hparams *h = &m->hp;
     const int64_t t = n_past - s->spec_start - 1;      /* the slot of the last kept token */
-    for (int il = 0; il < h->n_layer; il++) {
+    strata_status rc = STRATA_OK;
+    for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
         mdl_layer_state *st = &s->ls[il];
-        memcpy(st->S, st->S_slots + (size_t)t * gdn_S_floats(h), gdn_S_floats(h) * sizeof(float));
-        memcpy(st->conv, st->conv_slots + (size_t)t * gdn_conv_floats(h), gdn_conv_floats(h) * sizeof(float));
+        const mdl_dk *dk = mdl_state_dk(s, il);
+        rc = mdl_st_copy(dk, st->S, st->S_slots + (size_t)t * gdn_S_floats(h), gdn_S_floats(h) * sizeof(float), DK_D2D);
+        if (!rc)
+            rc = mdl_st_copy(dk, st->conv, st->conv_slots + (size_t)t * gdn_conv_floats(h),
+                             gdn_conv_floats(h) * sizeof(float), DK_D2D);
     }
+    if (rc) return rc;
     if (h->ple_layer >= 0) {
         memcpy(s->ple_conv, s->ple_conv_slots + (size_t)t * ple_conv_floats(h), ple_conv_floats(h) * sizeof(float));
         memcpy(s->ple_ctx, s->ple_ctx_slots + (size_t)t * MDL_MAX_NGRAM, MDL_MAX_NGRAM * sizeof(int32_t));
@@ -160,11 +166,17 @@ strata_status strata_session_checkpoint(strata_session *s, strata_checkpoint **o
     }
     memcpy(c->tokens, s->tokens, (size_t)s->n_past * sizeof(int32_t));
     float *p = c->gdn;
-    for (int il = 0; il < h->n_layer; il++) {
+    strata_status rc = STRATA_OK;
+    for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
-        memcpy(p, s->ls[il].S, gdn_S_floats(h) * sizeof(float));
-        memcpy(p + gdn_S_floats(h), s->ls[il].conv, gdn_conv_floats(h) * sizeof(float));
+        const mdl_dk *dk = mdl_state_dk(s, il);
+        rc = mdl_st_copy(dk, p, s->ls[il].S, gdn_S_floats(h) * sizeof(float), DK_D2H);
+        if (!rc) rc = mdl_st_copy(dk, p + gdn_S_floats(h), s->ls[il].conv, gdn_conv_floats(h) * sizeof(float), DK_D2H);
         p += per;
+    }
+    if (rc) {
+        strata_checkpoint_free(c);
+        return rc;
     }
     if (h->ple_layer >= 0) {
         memcpy(c->ple_conv, s->ple_conv, ple_conv_floats(h) * sizeof(float));
@@ -187,12 +199,15 @@ strata_status strata_session_restore(strata_session *s, const strata_checkpoint 
                            "since); drop the checkpoint", (long long)c->n_past);
     const size_t per = gdn_S_floats(h) + gdn_conv_floats(h);
     const float *p = c->gdn;
-    for (int il = 0; il < h->n_layer; il++) {
+    strata_status rc = STRATA_OK;
+    for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
-        memcpy(s->ls[il].S, p, gdn_S_floats(h) * sizeof(float));
-        memcpy(s->ls[il].conv, p + gdn_S_floats(h), gdn_conv_floats(h) * sizeof(float));
+        const mdl_dk *dk = mdl_state_dk(s, il);
+        rc = mdl_st_copy(dk, s->ls[il].S, p, gdn_S_floats(h) * sizeof(float), DK_H2D);
+        if (!rc) rc = mdl_st_copy(dk, s->ls[il].conv, p + gdn_S_floats(h), gdn_conv_floats(h) * sizeof(float), DK_H2D);
         p += per;
     }
+    if (rc) return rc;
     if (h->ple_layer >= 0) {
         memcpy(s->ple_conv, c->ple_conv, ple_conv_floats(h) * sizeof(float));
         memcpy(s->ple_ctx, c->ple_ctx, sizeof c->ple_ctx);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/dense.h"
 #include "util/error.h"
 
 static size_t kv_elem(int kv_type) { return kv_type == STRATA_KV_F32 ? 4 : kv_type == STRATA_KV_F16 ? 2 : 1; }
@@ -43,11 +44,52 @@ enum { STATE_CHUNK = 256 };   /* tokens of cache a session grows by, at least */
 /* Summary rows a layer of ratio r needs for n tokens. */
 static size_t blk_rows(int32_t r, int64_t n) { return r > 0 ? (size_t)(n / r + 1) : 1; }
 
-/* realloc to n bytes (n > 0), zeroing from `keep` bytes on: NULL on failure, *p untouched. */
-static int grow(void **p, size_t keep, size_t n) {
-    void *q = realloc(*p, n);
+const mdl_dk *mdl_state_dk(const strata_session *s, int il) {
+    return il < s->n_trunk ? s->dk : NULL;   /* the MTP block's cache stays with the host's head */
+}
+
+void *mdl_st_calloc(const mdl_dk *dk, size_t bytes) {
+    if (!dk) return calloc(1, bytes ? bytes : 1);
+    void *p = dk->alloc(bytes);
+    if (p && dk->zero(p, bytes, NULL)) {
+        dk->free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void mdl_st_free(const mdl_dk *dk, void *p) {
+    if (dk) dk->free(p);
+    else free(p);
+}
+
+strata_status mdl_st_copy(const mdl_dk *dk, void *dst, const void *src, size_t bytes, int kind) {
+    if (!dk) {
+        if (bytes) memcpy(dst, src, bytes);
+        return STRATA_OK;
+    }
+    strata_status rc = dk->copy(dst, src, bytes, kind, NULL);
+    /* a copy from host memory the caller may reuse at once: wait until it was read */
+    if (!rc && kind == DK_H2D) rc = dk->sync(NULL);
+    return rc;
+}
+
+/* To n bytes (n > 0), zeroing from `keep` bytes on: 0 on failure, *p untouched. */
+static int grow(const mdl_dk *dk, void **p, size_t keep, size_t n) {
+    if (!dk) {
+        void *q = realloc(*p, n);
+        if (!q) return 0;
+        if (n > keep) memset((char *)q + keep, 0, n - keep);
+        *p = q;
+        return 1;
+    }
+    void *q = mdl_st_calloc(dk, n);
     if (!q) return 0;
-    if (n > keep) memset((char *)q + keep, 0, n - keep);
+    if (*p && mdl_st_copy(dk, q, *p, keep < n ? keep : n, DK_D2D)) {
+        dk->free(q);
+        return 0;
+    }
+    dk->free(*p);
     *p = q;
     return 1;
 }
@@ -64,20 +106,21 @@ strata_status mdl_session_reserve(strata_session *s, int64_t n_tokens) {
     const size_t es = kv_elem(m->params.kv_type), per = (size_t)h->n_head_kv * (size_t)h->head_dim;
     /* each array grows on its own: a failure midway leaves the grown ones larger, which is harmless
      * (capacity is the minimum over them, kept in cap_tokens only once all succeeded) */
-    if (!grow((void **)&s->tokens, (size_t)old * sizeof(int32_t), (size_t)cap * sizeof(int32_t))) goto nomem;
+    if (!grow(NULL, (void **)&s->tokens, (size_t)old * sizeof(int32_t), (size_t)cap * sizeof(int32_t))) goto nomem;
     for (int il = 0; il < s->n_ls; il++) {
         const mdl_layer *l = &m->layers[il];
         mdl_layer_state *st = &s->ls[il];
+        const mdl_dk *dk = mdl_state_dk(s, il);
         if (!l->is_qsa) continue;
-        if (!grow(&st->k, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
-        if (!grow(&st->v, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
+        if (!grow(dk, &st->k, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
+        if (!grow(dk, &st->v, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
         if (m->params.kv_type == STRATA_KV_INT8) {
             const size_t row = (size_t)h->n_head_kv * 2 * sizeof(float);
-            if (!grow((void **)&st->kv_scale, (size_t)old * row, (size_t)cap * row)) goto nomem;
+            if (!grow(dk, (void **)&st->kv_scale, (size_t)old * row, (size_t)cap * row)) goto nomem;
         }
         const size_t ik = (size_t)h->idx_dim * sizeof(float);
-        if (!grow((void **)&st->idx_k, (size_t)old * ik, (size_t)cap * ik)) goto nomem;
-        if (!grow((void **)&st->blk, blk_rows(l->ratio, old) * ik, blk_rows(l->ratio, cap) * ik)) goto nomem;
+        if (!grow(dk, (void **)&st->idx_k, (size_t)old * ik, (size_t)cap * ik)) goto nomem;
+        if (!grow(dk, (void **)&st->blk, blk_rows(l->ratio, old) * ik, blk_rows(l->ratio, cap) * ik)) goto nomem;
     }
     s->cap_tokens = cap;
     return STRATA_OK;
@@ -105,6 +148,8 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     s->m = m;
     s->n_ctx = m->params.n_ctx;
     s->spec_start = -1;
+    s->dk = m->dk;
+    s->n_trunk = h->n_layer;
     s->ls = calloc((size_t)(h->n_layer + h->n_mtp), sizeof *s->ls);
     if (!s->ls) goto nomem;
     s->n_ls = h->n_layer + h->n_mtp;
@@ -113,8 +158,9 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
         mdl_layer_state *st = &s->ls[il];
         if (!l->is_qsa) {
             const size_t cd = 2 * (size_t)h->ssm_gk * (size_t)h->ssm_dk + (size_t)h->ssm_gv * (size_t)h->ssm_dk;
-            st->conv = calloc((size_t)(h->ssm_kc - 1) * cd + 1, sizeof(float));
-            st->S = calloc((size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk, sizeof(float));
+            const mdl_dk *dk = mdl_state_dk(s, il);
+            st->conv = mdl_st_calloc(dk, ((size_t)(h->ssm_kc - 1) * cd + 1) * sizeof(float));
+            st->S = mdl_st_calloc(dk, (size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk * sizeof(float));
             if (!st->conv || !st->S) goto nomem;
         }
     }
@@ -140,11 +186,14 @@ nomem:
 
 void mdl_session_release(strata_session *s) {
     mdl_spec_release(s);
+    mdl_dense_session_free(s);
     free(s->tokens);
     s->tokens = NULL;
     for (int il = 0; s->ls && il < s->n_ls; il++) {
         mdl_layer_state *st = &s->ls[il];
-        free(st->conv); free(st->S); free(st->k); free(st->v); free(st->kv_scale); free(st->idx_k); free(st->blk);
+        const mdl_dk *dk = mdl_state_dk(s, il);
+        mdl_st_free(dk, st->conv); mdl_st_free(dk, st->S); mdl_st_free(dk, st->k); mdl_st_free(dk, st->v);
+        mdl_st_free(dk, st->kv_scale); mdl_st_free(dk, st->idx_k); mdl_st_free(dk, st->blk);
         free(st->open);
         memset(st, 0, sizeof *st);
     }
@@ -168,8 +217,16 @@ void mdl_session_clear(strata_session *s) {
             st->n_blk = 0;
         } else {
             const size_t cd = 2 * (size_t)h->ssm_gk * (size_t)h->ssm_dk + (size_t)h->ssm_gv * (size_t)h->ssm_dk;
-            memset(st->conv, 0, (size_t)(h->ssm_kc - 1) * cd * sizeof(float));
-            memset(st->S, 0, (size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk * sizeof(float));
+            const size_t conv_b = (size_t)(h->ssm_kc - 1) * cd * sizeof(float);
+            const size_t S_b = (size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk * sizeof(float);
+            const mdl_dk *dk = mdl_state_dk(s, il);
+            if (dk) {   /* a failure here is the device's: the next eval's first kernel reports it */
+                (void)dk->zero(st->conv, conv_b, NULL);
+                (void)dk->zero(st->S, S_b, NULL);
+            } else {
+                memset(st->conv, 0, conv_b);
+                memset(st->S, 0, S_b);
+            }
         }
     }
     if (h->ple_layer >= 0) {

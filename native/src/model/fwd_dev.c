@@ -1,0 +1,617 @@
+/*
+ * fwd_dev.c — the dense forward on a device (device/dense.h: the GPU's kernels, or their host emulation).
+ *
+ * What runs where. On the device: the embeddings' streams (rows dequantized on the host, copied up), every
+ * hyper-connection read and write, the GDN and QSA mixers with their state (conv windows, recurrent state,
+ * K/V in kv_type, indexer keys, block summaries: state.c allocates the trunk's layer state in the device's
+ * memory), the final mixer and the LM head. On the host, copied per layer: the MoE (router, shared expert,
+ * routed experts through the offload engine with its device cache, staging and CPU pool, the merge) — its
+ * input u down, its output y up — and the PLE layer (the streams down and up; its conv state stays on the
+ * host); the MTP head (it reads the hidden rows this returns). So a step synchronises with the host once per
+ * MoE layer, once for the PLE layer and once for the logits.
+ *
+ * Products: the activations are rounded as strata_matmul rounds them (act_quant), then up to GEMV_MAX_ROWS
+ * rows take the gemv kernel (the decode path) and more the gemm path (tiles of the weight decoded to float,
+ * cuBLAS or its own product kernel). The GDN runs its recurrent form for verify windows and short steps, the chunked form
+ * (closed chunks of 64) from GDN_CHUNK_MIN_TOKENS rows on; a step never leaves a chunk open across evals
+ * (STRATA_EVAL_CONTINUED changes nothing here: the C path keeps one open only to make its bits independent
+ * of where a prompt is cut). QSA queries run in slices whose score and weight scratch stays under
+ * QSA_SLICE_BYTES. Each sequence's mixer runs on its own state; products run once over the step's rows.
+ *
+ * The numbers differ from the C forward by summation order only (the kernels' checks in
+ * tests/native/test_cuda_ops_*.c bound each op); tests/test_dense_device.py compares whole models.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/dense.h"
+#include "util/error.h"
+#include "util/trace.h"
+
+enum { GEMV_MAX_ROWS = 8, GDN_CHUNK_MIN_ROWS = 32, GEMM_TILE_ROWS = 64 };
+#define QSA_SLICE_BYTES ((size_t)64 << 20)
+
+/* A layer's small float vectors in the device's memory. */
+typedef struct {
+    float *hc_norm[2];
+    float *ssm_conv, *ssm_dt_bias, *ssm_a, *ssm_norm;
+    float *attn_q_norm, *attn_k_norm, *idx_q_norm, *idx_k_norm;
+} dlayer;
+
+struct mdl_dense {
+    const mdl_dk *dk;
+    void *blas;
+    dlayer *layers;            /* [n_layer] */
+    float *out_hc_norm;
+    uint64_t weight_bytes;     /* dense weights and vectors uploaded */
+};
+
+/* A session's work buffers, each grown on demand (a step of more rows than the last reallocates). */
+enum { B_X, B_U, B_Y, B_C, B_XH, B_G, B_A, B_XQ, B_TILE, B_P0, B_P1, B_P2, B_P3, B_P4, B_CV, B_QN, B_KN, B_O, B_Q,
+       B_CS, B_BCS, B_SCORE, B_SEL, B_NSEL, B_W, B_WORK, B_LG, B_N };
+
+struct mdl_dsess {
+    const mdl_dk *dk;
+    void *buf[B_N];
+    size_t cap[B_N];
+};
+
+/* ---------------------------------------------------------------- buffers */
+
+static strata_status dbuf(strata_session *s, int which, size_t bytes, void **out) {
+    if (!s->ds) {
+        s->ds = calloc(1, sizeof *s->ds);
+        if (!s->ds) return strata_fail(STRATA_ERR_NOMEM, "device forward: no memory");
+        s->ds->dk = s->m->dk;
+    }
+    struct mdl_dsess *d = s->ds;
+    if (d->cap[which] < bytes) {
+        d->dk->free(d->buf[which]);
+        d->buf[which] = NULL;
+        d->cap[which] = 0;
+        const size_t want = bytes + bytes / 4;
+        void *p = d->dk->alloc(want);
+        if (!p)
+            return strata_fail(STRATA_ERR_NOMEM, "device forward: the %s device has no room for %.1f MiB of work "
+                               "buffers; lower the expert cache (--cache-gib) or the step (--prefill-chunk)",
+                               d->dk->name, (double)want / (1 << 20));
+        d->buf[which] = p;
+        d->cap[which] = want;
+    }
+    *out = d->buf[which];
+    return STRATA_OK;
+}
+#define DBUF(s, which, type, n, ptr) \
+    do { if ((rc = dbuf((s), (which), (size_t)(n) * sizeof(type), (void **)&(ptr)))) return rc; } while (0)
+
+void mdl_dense_session_free(strata_session *s) {
+    if (!s->ds) return;
+    for (int i = 0; i < B_N; i++) s->ds->dk->free(s->ds->buf[i]);
+    free(s->ds);
+    s->ds = NULL;
+}
+
+/* ---------------------------------------------------------------- products */
+
+/* y[L x rows] = w x[L x cols] (both device memory), times w's .scale. */
+static strata_status dmatmul(strata_session *s, const mdl_mat *w, const float *x, int64_t L, float *y) {
+    const strata_model *m = s->m;
+    const mdl_dk *dk = m->dk;
+    strata_status rc;
+    if (L <= 0) return STRATA_OK;
+    /* the activations rounded as the CPU's matmul rounds them (int8 blocks for quantized weights), for both
+     * paths: the gemm would take floats, but then prefill and decode would differ from the C forward by that
+     * rounding (~1e-2 of the logits' spread on the tiny models) rather than by summation order alone */
+    float *xq = NULL;
+    DBUF(s, B_XQ, float, L * w->cols, xq);
+    if ((rc = dk->act_quant(NULL, (int)w->t->act, x, xq, L, w->cols))) return rc;
+    if (L <= GEMV_MAX_ROWS) {
+        rc = dk->gemv(NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y);
+    } else {
+        const size_t tb = dk->gemm_tile_bytes(w->cols, GEMM_TILE_ROWS, 0);
+        void *tile;
+        if ((rc = dbuf(s, B_TILE, tb, &tile))) return rc;
+        rc = dk->gemm(m->dense->blas, NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y, tile, tb, 0,
+                      NULL);
+    }
+    if (!rc && w->scale) rc = dk->scale(NULL, y, L * w->rows, mdl_mat_scale(w, 0));
+    return rc;
+}
+
+/* The hyper-connection read (hc.c mdl_hc_read) of L rows of X on the device; c NULL: the final mixer. */
+static strata_status dhc_read(strata_session *s, const float *X, const float *norm, const mdl_mat *down,
+                              const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c) {
+    const strata_model *m = s->m;
+    const mdl_dk *dk = m->dk;
+    const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
+    strata_status rc;
+    float *xh = NULL, *g = NULL, *a = NULL;
+    DBUF(s, B_XH, float, L * W, xh);
+    DBUF(s, B_G, float, L * W, g);
+    DBUF(s, B_A, float, L * (R > hc ? R : hc), a);
+    if ((rc = dk->hc_read_norm(X, norm, L, hc, E, m->hp.eps, xh, NULL))) return rc;
+    if ((rc = dmatmul(s, down, xh, L, a))) return rc;
+    if ((rc = dk->hc_read_act(a, L * R, hc, NULL))) return rc;
+    if ((rc = dmatmul(s, up, a, L, g))) return rc;
+    if ((rc = dk->hc_read_mix(g, xh, L, hc, E, u, NULL))) return rc;
+    if (c) {
+        if ((rc = dmatmul(s, inject, xh, L, a))) return rc;
+        rc = dk->hc_inject(a, L * hc, hc, c, NULL);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- mixers */
+
+/* The GDN layer il for n sequences whose rows are consecutive in u / y (gdn.c mdl_gdn_multi). */
+static strata_status dgdn(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                          float *y) {
+    strata_session *s0 = ss[0];
+    const strata_model *m = s0->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const dlayer *dl = &m->dense->layers[il];
+    const int dk_ = hp->ssm_dk, dv = hp->ssm_dk, Gk = hp->ssm_gk, Gv = hp->ssm_gv, Kc = hp->ssm_kc;
+    const int64_t KD = (int64_t)Gk * dk_, VD = (int64_t)Gv * dv, CD = 2 * KD + VD;
+    strata_status rc;
+    float *pq = NULL, *pz = NULL, *pb = NULL, *pa = NULL, *cv = NULL, *qn = NULL, *kn = NULL, *o = NULL;
+    DBUF(s0, B_P0, float, R * CD, pq);
+    DBUF(s0, B_P1, float, R * VD, pz);
+    DBUF(s0, B_P2, float, R * Gv, pb);
+    DBUF(s0, B_P3, float, R * Gv, pa);
+    DBUF(s0, B_CV, float, R * CD, cv);
+    DBUF(s0, B_QN, float, R * KD, qn);
+    DBUF(s0, B_KN, float, R * KD, kn);
+    DBUF(s0, B_O, float, R * VD, o);
+    if ((rc = dmatmul(s0, &l->ssm_qkv, u, R, pq))) return rc;
+    if ((rc = dmatmul(s0, &l->ssm_z, u, R, pz))) return rc;
+    if ((rc = dmatmul(s0, &l->ssm_beta, u, R, pb))) return rc;
+    if ((rc = dmatmul(s0, &l->ssm_alpha, u, R, pa))) return rc;
+    const size_t conv_floats = (size_t)(Kc - 1) * (size_t)CD;
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        strata_session *s = ss[i];
+        mdl_layer_state *st = &s->ls[il];
+        const int64_t L = Ls[i];
+        const int keep = mdl_spec_active(s);
+        float *pq_i = pq + r0 * CD, *cv_i = cv + r0 * CD, *qn_i = qn + r0 * KD, *kn_i = kn + r0 * KD;
+        float *pb_i = pb + r0 * Gv, *pa_i = pa + r0 * Gv, *o_i = o + r0 * VD;
+        if (keep) {   /* a verify window: the conv window after each token, for rollback (spec.c) */
+            for (int64_t t = 0; t < L && !rc; t++) {
+                rc = dk->gdn_conv(dl->ssm_conv, Kc, CD, st->conv, pq_i + t * CD, CD, 1, cv_i + t * CD, NULL);
+                if (!rc)
+                    rc = dk->copy(st->conv_slots + (size_t)t * conv_floats, st->conv, conv_floats * sizeof(float),
+                                  DK_D2D, NULL);
+            }
+        } else {
+            rc = dk->gdn_conv(dl->ssm_conv, Kc, CD, st->conv, pq_i, CD, L, cv_i, NULL);
+        }
+        if (!rc)
+            rc = dk->gdn_prep(cv_i, L, Gk, Gv, dk_, dv, pb_i, pa_i, Gv, dl->ssm_a, dl->ssm_dt_bias, qn_i, kn_i, pb_i,
+                              pa_i, NULL);
+        if (!rc && !keep && L >= GDN_CHUNK_MIN_ROWS) {
+            float *work = NULL;
+            DBUF(s0, B_WORK, float, dk->gdn_chunked_work_floats(Gv, dk_, dv), work);
+            rc = dk->gdn_chunked(st->S, qn_i, kn_i, cv_i, pb_i, pa_i, o_i, L, Gk, Gv, dk_, dv, work, NULL);
+        } else if (!rc) {
+            rc = dk->gdn_recurrent(st->S, qn_i, kn_i, cv_i, pb_i, pa_i, o_i, L, Gk, Gv, dk_, dv,
+                                   keep ? st->S_slots : NULL, NULL);
+        }
+        if (!rc) rc = dk->gdn_out(o_i, pz + r0 * VD, VD, dl->ssm_norm, L, Gv, dv, hp->eps, hp->gate_sigmoid, NULL);
+        if (rc) return rc;
+        r0 += Ls[i];
+    }
+    return dmatmul(s0, &l->ssm_out, o, R, y);
+}
+
+/* The QSA layer il for n sequences (qsa.c qsa_rows): projections over all rows, then per sequence the
+ * norms, RoPE, cache writes, block summaries, selection and attention at its own n_past, then W_o. */
+static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
+                          float *y) {
+    strata_session *s0 = ss[0];
+    const strata_model *m = s0->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const dlayer *dl = &m->dense->layers[il];
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hd = hp->head_dim, nI = hp->idx_heads, dI = hp->idx_dim;
+    const int64_t r = l->ratio, topk = r > 0 ? hp->idx_budget / r : 0;
+    const int32_t n_rot = hp->n_rot;
+    const int kv_type = m->params.kv_type;
+    strata_status rc;
+    float *qg = NULL, *kk = NULL, *vv = NULL, *iq = NULL, *ik = NULL, *q = NULL, *o = NULL, *cs = NULL;
+    DBUF(s0, B_P0, float, R * 2 * H * hd, qg);
+    DBUF(s0, B_P1, float, R * Hkv * hd, kk);
+    DBUF(s0, B_P2, float, R * Hkv * hd, vv);
+    DBUF(s0, B_P3, float, R * nI * dI, iq);
+    DBUF(s0, B_P4, float, R * dI, ik);
+    DBUF(s0, B_Q, float, R * H * hd, q);
+    DBUF(s0, B_O, float, R * H * hd, o);
+    DBUF(s0, B_CS, float, R * n_rot, cs);
+    if ((rc = dmatmul(s0, &l->attn_q, u, R, qg))) return rc;
+    if ((rc = dmatmul(s0, &l->attn_k, u, R, kk))) return rc;
+    if ((rc = dmatmul(s0, &l->attn_v, u, R, vv))) return rc;
+    if ((rc = dmatmul(s0, &l->idx_q, u, R, iq))) return rc;
+    if ((rc = dmatmul(s0, &l->idx_k, u, R, ik))) return rc;
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        strata_session *s = ss[i];
+        mdl_layer_state *st = &s->ls[il];
+        const int64_t L = Ls[i], p0 = s->n_past;
+        float *qg_i = qg + r0 * 2 * H * hd, *kk_i = kk + r0 * Hkv * hd, *vv_i = vv + r0 * Hkv * hd;
+        float *iq_i = iq + r0 * nI * dI, *ik_i = ik + r0 * dI, *q_i = q + r0 * H * hd, *o_i = o + r0 * H * hd;
+        float *cs_i = cs + r0 * n_rot;
+        /* a summary that covers a row from p0 on is stale (qsa.c qsa_prep) */
+        if (r > 0 && st->n_blk > p0 / r) st->n_blk = p0 / r;
+        if ((rc = dk->rope_angles(hp->rope_theta, n_rot, p0, 1, L, cs_i, NULL))) return rc;
+        /* q: N1 per head out of the [q | gate] rows, then RoPE; k: N1 and RoPE in place; then the caches */
+        if ((rc = dk->rmsnorm_rows(qg_i, 2 * hd, dl->attn_q_norm, 1, L * H, hd, hp->eps, q_i, hd, NULL))) return rc;
+        if ((rc = dk->rope_apply(q_i, hd, L * H, H, n_rot, cs_i, NULL))) return rc;
+        if ((rc = dk->rmsnorm_rows(kk_i, hd, dl->attn_k_norm, 1, L * Hkv, hd, hp->eps, kk_i, hd, NULL))) return rc;
+        if ((rc = dk->rope_apply(kk_i, hd, L * Hkv, Hkv, n_rot, cs_i, NULL))) return rc;
+        if ((rc = dk->qsa_store(st->k, st->v, st->kv_scale, kv_type, Hkv, hd, p0, L, kk_i, vv_i, NULL))) return rc;
+        if ((rc = dk->rmsnorm_rows(iq_i, dI, dl->idx_q_norm, 1, L * nI, dI, hp->eps, iq_i, dI, NULL))) return rc;
+        if ((rc = dk->rope_apply(iq_i, dI, L * nI, nI, n_rot, cs_i, NULL))) return rc;
+        if ((rc = dk->qsa_idx_store(st->idx_k, ik_i, dI, p0, L, NULL))) return rc;
+        /* the summaries of the blocks these rows complete: mean, N1, RoPE at the block's first position */
+        if (r > 0 && (p0 + L) / r > st->n_blk) {
+            const int64_t b0 = st->n_blk, nbn = (p0 + L) / r - b0;
+            float *kb = st->blk + b0 * dI, *bcs = NULL;
+            DBUF(s0, B_BCS, float, nbn * n_rot, bcs);
+            if ((rc = dk->qsa_blk_pool(st->idx_k, dI, r, b0, nbn, st->blk, NULL))) return rc;   /* rows b0.. of it */
+            if ((rc = dk->rmsnorm_rows(kb, dI, dl->idx_k_norm, 1, nbn, dI, hp->eps, kb, dI, NULL))) return rc;
+            if ((rc = dk->rope_angles(hp->rope_theta, n_rot, b0 * r, r, nbn, bcs, NULL))) return rc;
+            if ((rc = dk->rope_apply(kb, dI, nbn, 1, n_rot, bcs, NULL))) return rc;
+            st->n_blk = b0 + nbn;
+        }
+        /* selection and attention, in slices of queries whose scratch stays under QSA_SLICE_BYTES */
+        for (int64_t t0 = 0; t0 < L;) {
+            const int64_t seen = p0 + L;   /* keys the slice's last query sees, at most */
+            const int64_t ld = r > 0 ? seen / r + 1 : 1;
+            int64_t sel_cap = r > 0 ? hp->idx_budget + r : 1;
+            if (sel_cap > seen) sel_cap = seen;
+            const int64_t w_cap = r > 0 ? sel_cap : seen;
+            const size_t per_query = ((size_t)ld + (size_t)H * (size_t)w_cap) * sizeof(float) +
+                                     ((size_t)sel_cap + 1) * sizeof(int32_t);
+            int64_t Lc = (int64_t)(QSA_SLICE_BYTES / per_query);
+            if (Lc < 1) Lc = 1;
+            if (Lc > L - t0) Lc = L - t0;
+            float *score = NULL, *w = NULL;
+            int32_t *sel = NULL, *n_sel = NULL;
+            if (r > 0) DBUF(s0, B_SCORE, float, Lc * ld, score);
+            DBUF(s0, B_SEL, int32_t, Lc * sel_cap, sel);
+            DBUF(s0, B_NSEL, int32_t, Lc, n_sel);
+            DBUF(s0, B_W, float, Lc * H * w_cap, w);
+            if (r > 0 && (rc = dk->qsa_index(iq_i + t0 * nI * dI, st->blk, nI, dI, r, topk, p0 + t0, Lc, score, ld,
+                                             NULL)))
+                return rc;
+            if ((rc = dk->qsa_select(score, ld, r, topk, p0 + t0, Lc, sel, sel_cap, n_sel, NULL))) return rc;
+            if ((rc = dk->qsa_attn(st->k, st->v, st->kv_scale, kv_type, H, Hkv, hd, p0 + t0, Lc, q_i + t0 * H * hd,
+                                   qg_i + t0 * 2 * H * hd, sel, sel_cap, n_sel, w, w_cap, o_i + t0 * H * hd, NULL)))
+                return rc;
+            t0 += Lc;
+        }
+        r0 += L;
+    }
+    return dmatmul(s0, &l->attn_o, o, R, y);
+}
+
+/* ---------------------------------------------------------------- the step */
+
+strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *y) {
+    strata_session *ss[STRATA_BATCH_MAX];
+    int64_t Ls[STRATA_BATCH_MAX];
+    const int32_t *ids[STRATA_BATCH_MAX];
+    for (int i = 0; i < n; i++) { ss[i] = q[i].s; Ls[i] = q[i].L; ids[i] = q[i].ids; }
+    strata_session *s0 = q[0].s;
+    const strata_model *m = s0->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const struct mdl_dense *D = m->dense;
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
+    const int64_t R = q[n - 1].r0 + q[n - 1].L;
+    strata_status rc;
+    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
+    /* the streams: embeddings dequantized on the host (one row a token), copied up once */
+    for (int i = 0; i < n; i++)
+        for (int64_t t = 0; t < q[i].L; t++) {
+            float *xt = X + (q[i].r0 + t) * W;
+            m->tok_embd_t->dequant[0](m->tok_embd + (size_t)q[i].ids[t] * m->tok_embd_row, xt, E);
+            for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
+        }
+    float *dX = NULL, *du = NULL, *dy = NULL, *dc = NULL;
+    DBUF(s0, B_X, float, R * W, dX);
+    DBUF(s0, B_U, float, R * E, du);
+    DBUF(s0, B_Y, float, R * E, dy);
+    DBUF(s0, B_C, float, R * hc, dc);
+    if ((rc = dk->copy(dX, X, (size_t)(R * W) * sizeof(float), DK_H2D, NULL))) return rc;
+    wd_state *wd = wd_self();
+    const int tr = trc_on();
+    uint64_t t_step = tr ? trc_now() : 0, t_p = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const mdl_layer *l = &m->layers[il];
+        const dlayer *dl = &D->layers[il];
+        if (wd_expired()) return wd_fail("between layers (the last part took longer than the limit)");
+        wd->layer = il;
+        if (l->has_ple) {   /* on the host: the streams down, PLE(X) added, up again */
+            wd->part = "PLE";
+            if (tr) t_p = trc_now();
+            if ((rc = dk->copy(X, dX, (size_t)(R * W) * sizeof(float), DK_D2H, NULL))) return rc;
+            if ((rc = mdl_ple(ss, ids, Ls, n, il, X))) return rc;
+            if ((rc = dk->copy(dX, X, (size_t)(R * W) * sizeof(float), DK_H2D, NULL))) return rc;
+            if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, R, 0);
+            wd_beat();
+        }
+        wd->part = "mixer";
+        if (tr) t_p = trc_now();
+        if ((rc = dhc_read(s0, dX, dl->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], R, du, dc)))
+            return rc;
+        rc = l->is_qsa ? dqsa(ss, Ls, n, il, du, R, dy) : dgdn(ss, Ls, n, il, du, R, dy);
+        if (rc) return rc;
+        if ((rc = dk->hc_write(dX, dc, dy, R, hc, E, NULL))) return rc;
+        if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, R, 0);
+        wd_beat();
+        /* on the host: u down (the copy waits for the layer so far), y up (a copy from pageable memory
+         * returns once the bytes were taken, so u and y may be written again at once) */
+        wd->part = "MoE";
+        if (tr) t_p = trc_now();
+        if ((rc = dhc_read(s0, dX, dl->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], R, du, dc)))
+            return rc;
+        if ((rc = dk->copy(u, du, (size_t)(R * E) * sizeof(float), DK_D2H, NULL))) return rc;
+        if ((rc = mdl_moe(s0, il, u, R, y))) return rc;
+        if ((rc = dk->copy(dy, y, (size_t)(R * E) * sizeof(float), DK_H2D, NULL))) return rc;
+        if ((rc = dk->hc_write(dX, dc, dy, R, hc, E, NULL))) return rc;
+        if (tr) trc_emit(TRC_MOE, t_p, trc_now(), il, 0, R, 0);
+        wd_beat();
+        wd->part = NULL;
+    }
+    if (tr) trc_emit(TRC_STEP, t_step, trc_now(), (int32_t)R, (int32_t)wd->step, s0->n_past, 0);
+    int64_t nr = 0;
+    for (int i = 0; i < n; i++) {
+        q[i].s->n_past += q[i].L;
+        if (q[i].hidden &&
+            (rc = dk->copy(q[i].hidden, dX + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float), DK_D2H, NULL)))
+            return rc;
+        if (q[i].out && q[i].row0 < q[i].L) nr += q[i].L - q[i].row0;
+    }
+    if (!nr) return dk->sync(NULL);
+    /* the final mixer and the LM head for the rows asked for, gathered into one product */
+    const int64_t V = hp->n_vocab;
+    float *xs = NULL, *lg = NULL;
+    DBUF(s0, B_P0, float, nr * W, xs);   /* the mixers' projections are done with it */
+    DBUF(s0, B_LG, float, nr * V, lg);
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!q[i].out || q[i].row0 >= q[i].L) continue;
+        const int64_t ni = q[i].L - q[i].row0;
+        if ((rc = dk->copy(xs + k * W, dX + (q[i].r0 + q[i].row0) * W, (size_t)(ni * W) * sizeof(float), DK_D2D,
+                           NULL)))
+            return rc;
+        k += ni;
+    }
+    if ((rc = dhc_read(s0, xs, D->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, du, NULL))) return rc;
+    if ((rc = dmatmul(s0, &m->output, du, nr, lg))) return rc;
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!q[i].out || q[i].row0 >= q[i].L) continue;
+        const int64_t ni = q[i].L - q[i].row0;
+        if ((rc = dk->copy(q[i].out, lg + k * V, (size_t)(ni * V) * sizeof(float), DK_D2H, NULL))) return rc;
+        k += ni;
+    }
+    return STRATA_OK;
+}
+
+/* ---------------------------------------------------------------- load */
+
+uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens) {
+    const mdl_hparams *h = &m->hp;
+    const int kv = m->params.kv_type;
+    const uint64_t es = kv == STRATA_KV_F32 ? 4 : kv == STRATA_KV_F16 ? 2 : 1;
+    uint64_t b = 0;
+    for (int il = 0; il < h->n_layer; il++) {
+        const mdl_layer *l = &m->layers[il];
+        if (l->is_qsa) {
+            const uint64_t per = (uint64_t)h->n_head_kv * (uint64_t)h->head_dim;
+            b += 2 * (uint64_t)n_tokens * per * es;
+            if (kv == STRATA_KV_INT8) b += (uint64_t)n_tokens * (uint64_t)h->n_head_kv * 2 * sizeof(float);
+            b += (uint64_t)n_tokens * (uint64_t)h->idx_dim * sizeof(float);
+            if (l->ratio > 0) b += (uint64_t)(n_tokens / l->ratio + 1) * (uint64_t)h->idx_dim * sizeof(float);
+        } else {
+            const uint64_t cd = 2 * (uint64_t)h->ssm_gk * (uint64_t)h->ssm_dk + (uint64_t)h->ssm_gv * (uint64_t)h->ssm_dk;
+            b += (uint64_t)(h->ssm_kc - 1) * cd * sizeof(float);
+            b += (uint64_t)h->ssm_gv * (uint64_t)h->ssm_dk * (uint64_t)h->ssm_dk * sizeof(float);
+        }
+    }
+    return b;
+}
+
+/* The work buffers of a step of L rows at n_ctx (an upper bound of what dbuf grows to). */
+static uint64_t work_bytes(const strata_model *m, int64_t L) {
+    const mdl_hparams *h = &m->hp;
+    const uint64_t E = (uint64_t)h->n_embd, W = (uint64_t)h->hc * E, V = (uint64_t)h->n_vocab;
+    const uint64_t KD = (uint64_t)h->ssm_gk * (uint64_t)h->ssm_dk, VD = (uint64_t)h->ssm_gv * (uint64_t)h->ssm_dk;
+    const uint64_t QD = 2 * (uint64_t)h->n_head * (uint64_t)h->head_dim;
+    uint64_t per_row = 3 * W + 3 * E + (uint64_t)h->hc + (uint64_t)h->hc_rank + W;   /* X, xh, g, u, y, c, a, xq */
+    uint64_t mixer = 2 * (2 * KD + VD) + 2 * VD + 2 * KD + 2 * (uint64_t)h->ssm_gv;
+    const uint64_t qsa = QD + 2 * QD / 2 + 2 * (uint64_t)h->n_head_kv * (uint64_t)h->head_dim +
+                         ((uint64_t)h->idx_heads + 1) * (uint64_t)h->idx_dim + (uint64_t)h->n_rot;
+    if (qsa > mixer) mixer = qsa;
+    per_row += mixer;
+    return (uint64_t)L * per_row * sizeof(float) + V * sizeof(float) * 1 + QSA_SLICE_BYTES +
+           (uint64_t)GEMM_TILE_ROWS * W * sizeof(float);
+}
+
+static void *up_bytes(struct mdl_dense *D, const void *src, size_t bytes, strata_status *rc) {
+    if (*rc) return NULL;
+    void *p = D->dk->alloc(bytes);
+    if (!p) {
+        *rc = strata_fail(STRATA_ERR_NOMEM, "device forward: the %s device has no room for the dense weights "
+                          "(%.1f MiB uploaded so far); use --dense cpu or a larger --vram-gib", D->dk->name,
+                          (double)D->weight_bytes / (1 << 20));
+        return NULL;
+    }
+    if ((*rc = D->dk->copy(p, src, bytes, DK_H2D, NULL))) {
+        D->dk->free(p);
+        return NULL;
+    }
+    D->weight_bytes += bytes;
+    return p;
+}
+
+static float *up_vec(struct mdl_dense *D, const float *v, size_t n, strata_status *rc) {
+    return v ? up_bytes(D, v, n * sizeof(float), rc) : NULL;
+}
+
+/* A matrix the device forward multiplies by: its bytes up, and a type the kernels decode (the gemv
+ * launcher's own check, asked with an empty product). */
+static void up_mat(struct mdl_dense *D, mdl_mat *w, const char *what, int il, strata_status *rc) {
+    if (*rc || !w->t) return;
+    strata_status ck = D->dk->gemv(NULL, w->t->type, NULL, w->row_bytes, 0, w->cols, NULL, 0, NULL);
+    if (ck) {
+        *rc = strata_fail(STRATA_ERR_UNSUPPORTED, "device forward: %s of layer %d is %s, which the CUDA kernels do "
+                          "not decode; use --dense cpu", what, il, w->t->name);
+        return;
+    }
+    w->dev = up_bytes(D, w->data, (size_t)w->rows * w->row_bytes, rc);
+}
+
+static void free_mat(mdl_mat *w, void *arg) {
+    const mdl_dk *dk = arg;
+    if (w->dev) dk->free(w->dev);
+    w->dev = NULL;
+}
+
+void mdl_dense_close(strata_model *m) {
+    struct mdl_dense *D = m->dense;
+    if (!D) return;
+    mdl_for_each_mat(m, free_mat, (void *)D->dk);
+    for (int il = 0; D->layers && il < m->hp.n_layer; il++) {
+        dlayer *dl = &D->layers[il];
+        float *v[] = {dl->hc_norm[0], dl->hc_norm[1], dl->ssm_conv, dl->ssm_dt_bias, dl->ssm_a, dl->ssm_norm,
+                      dl->attn_q_norm, dl->attn_k_norm, dl->idx_q_norm, dl->idx_k_norm};
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) D->dk->free(v[i]);
+    }
+    D->dk->free(D->out_hc_norm);
+    if (D->blas) D->dk->gemm_destroy(D->blas);
+    free(D->layers);
+    free(D);
+    m->dense = NULL;
+    m->dk = NULL;
+}
+
+static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
+
+strata_status mdl_dense_open(strata_model *m) {
+    strata_model_params *p = &m->params;
+    const mdl_hparams *hp = &m->hp;
+    m->dk = NULL;
+    m->dense = NULL;
+    m->device_log[0] = 0;
+    const mdl_dk *dk = NULL;
+    const char *why = "";
+    if (p->dense == STRATA_DENSE_EMU) {
+        dk = mdl_dk_emu();
+    } else if (p->dense == STRATA_DENSE_DEVICE || (p->dense == STRATA_DENSE_AUTO && p->device == STRATA_DEVICE_CUDA)) {
+        dk = mdl_dk_cuda(&why);
+        if (!dk)
+            return strata_fail(STRATA_ERR_NO_DEVICE, "%s: no GPU to run the dense forward on (%s); use --device cpu "
+                               "or sim", p->device == STRATA_DEVICE_CUDA ? "device cuda" : "--dense device", why);
+    } else if (p->dense < STRATA_DENSE_AUTO || p->dense > STRATA_DENSE_EMU) {
+        return strata_fail(STRATA_ERR_INVALID_ARG, "model: dense %d (0 auto, 1 cpu, 2 device, 3 emu)", (int)p->dense);
+    }
+    if (!dk) {   /* the C forward: an automatic cache has no device memory to fit into */
+        if (p->cache_bytes == STRATA_CACHE_AUTO) p->cache_bytes = 0;
+        return STRATA_OK;
+    }
+    struct mdl_dense *D = calloc(1, sizeof *D);
+    if (!D) return strata_fail(STRATA_ERR_NOMEM, "device forward: no memory");
+    D->dk = dk;
+    m->dense = D;
+    m->dk = dk;
+    strata_status rc = STRATA_OK;
+    uint64_t free_b = 0, total_b = 0;
+    if ((rc = dk->mem_info(&free_b, &total_b))) goto fail;
+    if ((rc = dk->gemm_create(&D->blas))) goto fail;
+    D->layers = calloc((size_t)hp->n_layer, sizeof *D->layers);
+    if (!D->layers) { rc = strata_fail(STRATA_ERR_NOMEM, "device forward: no memory"); goto fail; }
+    const int64_t E = hp->n_embd, W = (int64_t)hp->hc * E, Kc = hp->ssm_kc, dv = hp->ssm_dk;
+    const int64_t CD = 2 * (int64_t)hp->ssm_gk * hp->ssm_dk + (int64_t)hp->ssm_gv * dv;
+    for (int il = 0; il < hp->n_layer && !rc; il++) {
+        mdl_layer *l = &m->layers[il];
+        dlayer *dl = &D->layers[il];
+        for (int k = 0; k < 2; k++) {
+            dl->hc_norm[k] = up_vec(D, l->hc_norm[k], (size_t)W, &rc);
+            up_mat(D, &l->hc_down[k], "hc_down", il, &rc);
+            up_mat(D, &l->hc_up[k], "hc_up", il, &rc);
+            up_mat(D, &l->hc_inject[k], "hc_inject", il, &rc);
+        }
+        if (l->is_qsa) {
+            up_mat(D, &l->attn_q, "attn_q", il, &rc);
+            up_mat(D, &l->attn_k, "attn_k", il, &rc);
+            up_mat(D, &l->attn_v, "attn_v", il, &rc);
+            up_mat(D, &l->attn_o, "attn_output", il, &rc);
+            up_mat(D, &l->idx_q, "indexer q", il, &rc);
+            up_mat(D, &l->idx_k, "indexer k", il, &rc);
+            dl->attn_q_norm = up_vec(D, l->attn_q_norm, (size_t)hp->head_dim, &rc);
+            dl->attn_k_norm = up_vec(D, l->attn_k_norm, (size_t)hp->head_dim, &rc);
+            dl->idx_q_norm = up_vec(D, l->idx_q_norm, (size_t)hp->idx_dim, &rc);
+            dl->idx_k_norm = up_vec(D, l->idx_k_norm, (size_t)hp->idx_dim, &rc);
+        } else {
+            up_mat(D, &l->ssm_qkv, "ssm_qkv", il, &rc);
+            up_mat(D, &l->ssm_z, "ssm_z", il, &rc);
+            up_mat(D, &l->ssm_beta, "ssm_beta", il, &rc);
+            up_mat(D, &l->ssm_alpha, "ssm_alpha", il, &rc);
+            up_mat(D, &l->ssm_out, "ssm_out", il, &rc);
+            dl->ssm_conv = up_vec(D, l->ssm_conv, (size_t)(CD * Kc), &rc);
+            dl->ssm_dt_bias = up_vec(D, l->ssm_dt_bias, (size_t)hp->ssm_gv, &rc);
+            dl->ssm_a = up_vec(D, l->ssm_a, (size_t)hp->ssm_gv, &rc);
+            dl->ssm_norm = up_vec(D, l->ssm_norm, (size_t)dv, &rc);
+        }
+    }
+    D->out_hc_norm = up_vec(D, m->out_hc_norm, (size_t)W, &rc);
+    up_mat(D, &m->out_hc_down, "output hc_down", -1, &rc);
+    up_mat(D, &m->out_hc_up, "output hc_up", -1, &rc);
+    up_mat(D, &m->output, "output", -1, &rc);
+    if (rc) goto fail;
+    {
+        /* the plan: the cap (--vram-gib, else what is free), less weights, one session's state at n_ctx,
+         * the work buffers of a full step and a margin; the rest may hold experts */
+        const uint64_t cap = p->vram_bytes && p->vram_bytes < free_b ? p->vram_bytes : free_b;
+        const uint64_t state = mdl_dense_state_bytes(m, p->n_ctx), work = work_bytes(m, p->n_ubatch);
+        const uint64_t margin = (256ull << 20) + total_b / 50;
+        const uint64_t used = D->weight_bytes + state + work + margin;
+        const uint64_t left = cap > used ? cap - used : 0;
+        const int auto_fit = p->cache_bytes == STRATA_CACHE_AUTO;
+        if (p->vram_bytes && p->vram_bytes < D->weight_bytes + state + work) {
+            rc = strata_fail(STRATA_ERR_INVALID_ARG, "--vram-gib %.2f: the dense weights (%.2f GiB), one session's "
+                             "state at n_ctx %lld (%.2f GiB) and the work buffers (%.2f GiB) need %.2f GiB; give at "
+                             "least that, or lower n_ctx", gib(p->vram_bytes), gib(D->weight_bytes), (long long)p->n_ctx,
+                             gib(state), gib(work), gib(D->weight_bytes + state + work));
+            goto fail;
+        }
+        const int experts_there = p->device == STRATA_DEVICE_CUDA || (p->device == STRATA_DEVICE_SIM && dk == mdl_dk_emu());
+        if (auto_fit) p->cache_bytes = experts_there ? left : 0;
+        else if (p->device == STRATA_DEVICE_CUDA && p->cache_bytes > left) {
+            rc = strata_fail(STRATA_ERR_INVALID_ARG, "--cache-gib %.2f does not fit: %.2f GiB of the %s device's "
+                             "%.2f GiB is left after dense weights, state, work buffers and margin; give at most "
+                             "that or leave --cache-gib unset to fit it", gib(p->cache_bytes), gib(left), dk->name,
+                             gib(cap));
+            goto fail;
+        }
+        snprintf(m->device_log, sizeof m->device_log,
+                 "dense forward on %s: %.2f GiB free of %.2f%s; dense weights %.3f GiB, state %.3f GiB (one session "
+                 "at n_ctx %lld), work %.3f GiB, margin %.3f GiB; expert cache %.3f GiB (%s)",
+                 dk->name, gib(free_b), gib(total_b), p->vram_bytes ? " (capped by --vram-gib)" : "",
+                 gib(D->weight_bytes), gib(state), (long long)p->n_ctx, gib(work), gib(margin), gib(p->cache_bytes),
+                 !experts_there ? "none: the experts run on the CPU pool" : auto_fit ? "fitted: what is left" : "asked");
+    }
+    return STRATA_OK;
+fail:
+    mdl_dense_close(m);
+    return rc;
+}

@@ -25,7 +25,7 @@ cuda_ops = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = cuda_ops          # its dataclass looks its module up there
 _spec.loader.exec_module(cuda_ops)
 
-BUILD = ROOT / "build" / "cuda_ops"
+BUILD = cuda_ops.TEST_BUILD
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is needed to build the checks")
 

@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "native"
 KERNELS = ROOT / "native" / "src" / "kernels" / "cuda"
 PREFIX = "test_cuda_ops_"
+# the tests' build (tests/test_cuda_ops.py, tests/test_dense_ops.py share it); STRATA_CUDA_OPS_BUILD moves it
+TEST_BUILD = Path(os.environ.get("STRATA_CUDA_OPS_BUILD", ROOT / "build" / "cuda_ops")).resolve()
 # the op families issue 19 names; every op name begins with one of them (tools/device_check.sh's summary.json)
 FAMILIES = ("gemv", "gemm", "norm", "hc", "gdn", "qsa", "rope", "router", "ple", "merge", "lmhead", "mtp")
 

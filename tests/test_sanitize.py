@@ -22,7 +22,7 @@ TSAN_TESTS = ["test_offload", "test_xstore"]   # native unit tests whose subject
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
           "tests/test_tokenizer.py", "tests/test_model_api.py", "tests/test_offload.py", "tests/test_ple.py",
           "tests/test_gemm.py", "tests/test_mtp.py", "tests/test_mtp_model.py", "tests/test_trace.py",
-          "tests/test_engine.py", "tests/test_store.py"]
+          "tests/test_engine.py", "tests/test_store.py", "tests/test_dense_device.py"]
 
 pytestmark = [
     pytest.mark.slow,

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/cuda/emu_mixers.h"
 #include "kernels/cuda/emu_small.h"
@@ -33,11 +34,13 @@ static strata_status emu_zero(void *dst, size_t bytes, void *stream) {
 
 static strata_status emu_sync(void *stream) { (void)stream; return STRATA_OK; }
 
-/* The emulated device reports a large, fixed memory so that budgets and fits are computed as on a GPU
- * (64 GiB free of 80); STRATA's cap (--vram-gib) applies on top of it. */
+/* The emulated device's memory is the host's: what is available of it, of the physical total (so a fitted
+ * expert cache on the sim device takes no more than the machine has; --vram-gib caps it further). */
 static strata_status emu_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
-    *free_bytes = 64ull << 30;
-    *total_bytes = 80ull << 30;
+    const long page = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), ph = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || av < 0 || ph <= 0) return strata_fail(STRATA_ERR_IO, "emu device: the host's memory size is unknown");
+    *free_bytes = (uint64_t)av * (uint64_t)page;
+    *total_bytes = (uint64_t)ph * (uint64_t)page;
     return STRATA_OK;
 }
 

@@ -34,6 +34,7 @@
 
 enum { GEMV_MAX_ROWS = 8, GDN_CHUNK_MIN_ROWS = 32, GEMM_TILE_ROWS = 64 };
 #define QSA_SLICE_BYTES ((size_t)64 << 20)
+#define GEMM_TILE_BYTES ((size_t)32 << 20)
 
 /* A layer's small float vectors in the device's memory. */
 typedef struct {
@@ -112,7 +113,11 @@ static strata_status dmatmul(strata_session *s, const mdl_mat *w, const float *x
     if (L <= GEMV_MAX_ROWS) {
         rc = dk->gemv(NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y);
     } else {
-        const size_t tb = dk->gemm_tile_bytes(w->cols, GEMM_TILE_ROWS, 0);
+        /* a tile of GEMM_TILE_BYTES (at least GEMM_TILE_ROWS rows, at most the matrix): few launches a product */
+        int64_t rows = (int64_t)(GEMM_TILE_BYTES / dk->gemm_tile_bytes(w->cols, 1, 0));
+        if (rows < GEMM_TILE_ROWS) rows = GEMM_TILE_ROWS;
+        if (rows > w->rows) rows = w->rows;
+        const size_t tb = dk->gemm_tile_bytes(w->cols, rows, 0);
         void *tile;
         if ((rc = dbuf(s, B_TILE, tb, &tile))) return rc;
         rc = dk->gemm(m->dense->blas, NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y, tile, tb, 0,
@@ -442,8 +447,9 @@ static uint64_t work_bytes(const strata_model *m, int64_t L) {
                          ((uint64_t)h->idx_heads + 1) * (uint64_t)h->idx_dim + (uint64_t)h->n_rot;
     if (qsa > mixer) mixer = qsa;
     per_row += mixer;
-    return (uint64_t)L * per_row * sizeof(float) + V * sizeof(float) * 1 + QSA_SLICE_BYTES +
-           (uint64_t)GEMM_TILE_ROWS * W * sizeof(float);
+    /* the rows, a few rows of logits (verify windows), the attention's slice, one product's tile */
+    return (uint64_t)L * per_row * sizeof(float) + (uint64_t)GEMV_MAX_ROWS * V * sizeof(float) + QSA_SLICE_BYTES +
+           GEMM_TILE_BYTES;
 }
 
 static void *up_bytes(struct mdl_dense *D, const void *src, size_t bytes, strata_status *rc) {

@@ -12,14 +12,16 @@
  *
  * Products: the activations are rounded as strata_matmul rounds them (act_quant), then up to GEMV_MAX_ROWS
  * rows take the gemv kernel (the decode path) and more the gemm path (tiles of the weight decoded to float,
- * cuBLAS or its own product kernel). The GDN runs its recurrent form for verify windows and short steps, the chunked form
- * (closed chunks of 64) from GDN_CHUNK_MIN_TOKENS rows on; a step never leaves a chunk open across evals
+ * cuBLAS or its own product kernel, which sums in the gemv kernel's order). The GDN runs its recurrent form
+ * for verify windows and short steps, the chunked form (closed chunks of 64) from GDN_CHUNK_MIN_ROWS rows on;
+ * a step never leaves a chunk open across evals
  * (STRATA_EVAL_CONTINUED changes nothing here: the C path keeps one open only to make its bits independent
  * of where a prompt is cut). QSA queries run in slices whose score and weight scratch stays under
  * QSA_SLICE_BYTES. Each sequence's mixer runs on its own state; products run once over the step's rows.
  *
  * The numbers differ from the C forward by summation order only (the kernels' checks in
- * tests/native/test_cuda_ops_*.c bound each op); tests/test_dense_device.py compares whole models.
+ * tests/native/test_cuda_ops_*.c bound each op); tests/test_dense_device.py compares whole models, and
+ * tools/dense_check.py (device_check.sh's models rows) the GPU's run with the C one.
  */
 #include "model.h"
 

@@ -15,6 +15,9 @@ The GPU itself (launch configurations, streams, speed) is tools/device_check.sh'
 """
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,8 +25,12 @@ from pyrunner import Model
 from pyrunner._native import StrataError
 from pyrunner.models import make_model
 
-TOL = 1e-2          # of a row's logit spread
-TIE = 1e-3          # top-two margin, of the spread, below which greedy may differ
+# the judging is tools/dense_check.py's (device_check.sh's models rows): rel, greedy, decided, TOL, TIE
+_spec = importlib.util.spec_from_file_location("dense_check", Path(__file__).resolve().parents[1] / "tools" /
+                                               "dense_check.py")
+dense_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dense_check)
+rel, greedy, decided, TOL = dense_check.rel, dense_check.greedy, dense_check.decided, dense_check.TOL
 
 
 @pytest.fixture(scope="module")
@@ -42,35 +49,6 @@ def tiny(tmp_path_factory):
 
 def prompt(n, seed=0, vocab=300):
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
-
-
-def rel(a, b):
-    """Largest |a - b| over each row of b's spread."""
-    a, b = np.atleast_2d(a), np.atleast_2d(b)
-    spread = b.max(axis=1) - b.min(axis=1)
-    return float((np.abs(a - b).max(axis=1) / spread).max())
-
-
-def greedy(model, ids, n):
-    s = model.session()
-    lg = s.eval(ids)
-    out, lgs = [], []
-    for _ in range(n):
-        t = int(np.argmax(lg))
-        out.append(t)
-        lgs.append(lg)
-        lg = s.eval([t])
-    s.close()
-    return out, lgs
-
-
-def decided(lgs):
-    """How many steps of a greedy run were not near-ties."""
-    for i, lg in enumerate(lgs):
-        top = np.sort(lg)[-2:]
-        if top[1] - top[0] < TIE * (lg.max() - lg.min()):
-            return i
-    return len(lgs)
 
 
 def check_same(path, n_prompt=100, n_gen=24, **kw):

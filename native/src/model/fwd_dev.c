@@ -323,14 +323,8 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
     const int64_t R = q[n - 1].r0 + q[n - 1].L;
     strata_status rc;
-    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
     /* the streams: embeddings dequantized on the host (one row a token), copied up once */
-    for (int i = 0; i < n; i++)
-        for (int64_t t = 0; t < q[i].L; t++) {
-            float *xt = X + (q[i].r0 + t) * W;
-            m->tok_embd_t->dequant[0](m->tok_embd + (size_t)q[i].ids[t] * m->tok_embd_row, xt, E);
-            for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
-        }
+    if ((rc = mdl_step_begin(q, n, ss, ids, Ls, X))) return rc;
     float *dX = NULL, *du = NULL, *dy = NULL, *dc = NULL;
     DBUF(s0, B_X, float, R * W, dX);
     DBUF(s0, B_U, float, R * E, du);

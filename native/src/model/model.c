@@ -190,6 +190,23 @@ int64_t strata_session_n_past(const strata_session *s) { return s ? s->n_past : 
 
 typedef mdl_fwd_seq fwd_seq;
 
+strata_status mdl_step_begin(const mdl_fwd_seq *q, int n, strata_session *const *ss, const int32_t *const *ids,
+                             const int64_t *Ls, float *X) {
+    const strata_model *m = q[0].s->m;
+    const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E;
+    strata_status rc;
+    /* the PLE worker hashes and gathers every sequence's rows while the embeddings and the layers
+     * before the PLE's run */
+    if (m->hp.ple_layer >= 0 && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
+    for (int i = 0; i < n; i++)
+        for (int64_t t = 0; t < q[i].L; t++) {
+            float *xt = X + (q[i].r0 + t) * W;
+            m->tok_embd_t->dequant[0](m->tok_embd + (size_t)q[i].ids[t] * m->tok_embd_row, xt, E);
+            for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
+        }
+    return STRATA_OK;
+}
+
 /* One step of n sequences (each L <= cap tokens) in the buffers X [R x hc*E], u, y [R x E], c [R x hc]
  * (R: the sum of the L). Every dense product runs once over all R rows and the MoE merges every
  * row's picks into one group per expert; each sequence's PLE and mixer run on its own state. A row's
@@ -206,15 +223,7 @@ static strata_status forward(fwd_seq *q, int n, float *X, float *u, float *y, fl
     const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
     const int64_t R = q[n - 1].r0 + q[n - 1].L;
     strata_status rc;
-    /* the PLE worker hashes and gathers every sequence's rows while the embeddings and the layers
-     * before the PLE's run */
-    if (hp->ple_layer >= 0 && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
-    for (int i = 0; i < n; i++)
-        for (int64_t t = 0; t < q[i].L; t++) {
-            float *xt = X + (q[i].r0 + t) * W;
-            m->tok_embd_t->dequant[0](m->tok_embd + (size_t)q[i].ids[t] * m->tok_embd_row, xt, E);
-            for (int64_t j = 1; j < hc; j++) memcpy(xt + j * E, xt, (size_t)E * sizeof(float));
-        }
+    if ((rc = mdl_step_begin(q, n, ss, ids, Ls, X))) return rc;
     /* trace: one span per layer and per part (the hooks cost a branch when the recorder is off);
      * watchdog: a beat per finished part, an abort check between layers (trace.h) */
     wd_state *wd = wd_self();

@@ -318,6 +318,10 @@ typedef struct {
     float *out, *hidden;
 } mdl_fwd_seq;
 
+/* model.c: the start of a step, shared by both forwards: hands the PLE gather to its worker and writes every
+ * row's embedding, copied to the hc streams, into X [R x hc*E]. */
+strata_status mdl_step_begin(const mdl_fwd_seq *q, int n, strata_session *const *ss, const int32_t *const *ids,
+                             const int64_t *Ls, float *X);
 /* At load (model.c, before the offload engine): picks where the dense forward runs (params.dense), and
  * on a device uploads the dense weights, fits the expert cache (params.cache_bytes STRATA_CACHE_AUTO, or
  * checks the one asked for) and writes device_log. m->dk stays NULL on the CPU. */

@@ -31,7 +31,9 @@ _OFFLOAD_KEYS = {"cache_hits": "cache_hits", "cache_lookups": "cache_lookups", "
                  "copy_s": "copy_s", "device_s": "device_s", "cache_admits": "cache_admits", "windows": "windows",
                  "prefill_chunks": "prefill_chunks", "borrowed_slots": "borrowed_slots",
                  "copy_bytes": "copy_bytes", "cache_group_hits": "cache_group_hits",
-                 "cache_group_lookups": "cache_group_lookups"}
+                 "cache_group_lookups": "cache_group_lookups", "act_bytes": "act_bytes",
+                 "dense_weight_bytes": "dense_weight_bytes", "dense_h2d_bytes": "dense_h2d_bytes",
+                 "dense_d2h_bytes": "dense_d2h_bytes"}
 
 
 EXPERT_IO = {"auto": lib.STRATA_EXPERT_IO_AUTO, "mmap": lib.STRATA_EXPERT_IO_MMAP, "direct": lib.STRATA_EXPERT_IO_DIRECT}

@@ -23,7 +23,8 @@ import pytest
 
 from pyrunner import Model
 from pyrunner._native import StrataError
-from pyrunner.models import make_model
+from pyrunner.models import load_preset, make_model
+from pyrunner.ple import model_info as ple_model_info
 
 # the judging is tools/dense_check.py's (device_check.sh's models rows): rel, greedy, decided, TOL, TIE
 _spec = importlib.util.spec_from_file_location("dense_check", Path(__file__).resolve().parents[1] / "tools" /
@@ -160,6 +161,131 @@ def test_mtp_drafts_on_the_device_forward(tiny):
             outs.append(c.tokens)
             assert c.stats.get("drafts_proposed", 0) > 0
     assert outs[0] == outs[1]
+
+
+def test_the_mtp_head_runs_on_the_device(tiny):
+    """strata_session_mtp on the device (fusion, the MTP block on its own device cache, its mixer, the LM head):
+    logits and chain rows of a draft-extend over a prompt, then of a chain step, against the C head."""
+    ids = prompt(40, seed=8)
+    res = []
+    for dense in ("cpu", "emu"):
+        with Model(tiny["mtp"], threads=2, dense=dense) as m:
+            s = m.session()
+            _, hid = s.eval(ids, hidden=True)
+            lg, ch = s.mtp(hid[:-1], ids[1:], 0, all_rows=True)         # row i: hidden i with token i + 1
+            lg2, ch2 = s.mtp(ch[-1:], [int(np.argmax(lg[-1]))], len(ids) - 1)
+            res.append((lg, ch, lg2, ch2))
+    (a, ca, a2, ca2), (b, cb, b2, cb2) = res
+    assert rel(b, a) < TOL and rel(b2[None], a2[None]) < TOL
+    assert rel(cb, ca) < TOL and rel(cb2[None], ca2[None]) < TOL
+    assert not np.array_equal(a, b)          # the device head ran
+
+
+def test_every_byte_over_the_link_is_counted(tiny):
+    """Offload stats count the dense forward's traffic: one decode step of one token copies up its embedding
+    streams, the routed experts' rows of each MoE layer and the PLE layer's gathered rows, and copies down each
+    MoE layer's input and routing and the logits. The C forward moves nothing."""
+    with Model(tiny["q8_0"], threads=2) as m:
+        m.session().eval(prompt(5))
+        st = m.offload_stats()
+        assert st["dense_h2d_bytes"] == st["dense_d2h_bytes"] == st["dense_weight_bytes"] == 0
+    p = load_preset("tiny")
+    E, hc, K, Ne = p["hidden_size"], p["hc_count"], p["num_experts_per_tok"], p["num_experts"]
+    n_moe, ple_rows = p["num_hidden_layers"], (p["ngram_size"] - 1) * p["heads_per_ngram"]
+    with Model(tiny["q8_0"], threads=2, dense="emu", device="sim", cache_gib=None) as m:
+        s = m.session()
+        s.eval(prompt(5))
+        a = m.offload_stats()
+        s.eval([3])
+        b = m.offload_stats()
+        assert a["dense_weight_bytes"] > 0
+        up = hc * E * 4 + n_moe * (K * E * 4 + Ne)              # the skip marks are bytes
+        up += ple_rows * ple_model_info(m)["row_bytes"]
+        down = (n_moe * (E + 2 * K) + m.n_vocab) * 4
+        assert b["dense_h2d_bytes"] - a["dense_h2d_bytes"] == up
+        assert b["dense_d2h_bytes"] - a["dense_d2h_bytes"] == down
+        # the expert device's rows: every resident group's input up and output down
+        assert b["act_bytes"] - a["act_bytes"] == 2 * 4 * E * (b["cache_group_lookups"] - a["cache_group_lookups"])
+
+
+def packed_ple_copy(src: str, out_dir: Path, n_shard: int = 3) -> str:
+    """A copy of the f32 GGUF src whose PLE table is an external packed NVFP4 file (the layout `strata pack-ple`
+    writes: per row dP/2 E2M1 code bytes, then dP/16 E4M3 block scales; one global scale per shard of rows),
+    quantized here from the GGUF's own table: pack-ple's real input, a ModelOpt checkpoint, needs torch."""
+    import json
+
+    import gguf
+
+    from pyrunner import ple
+    from pyrunner.convert import _E2M1, _E4M3
+
+    r = gguf.GGUFReader(src)
+    t = next(t for t in r.tensors if t.name == "per_layer_token_embd.weight")
+    table = np.array(t.data, dtype=np.float32).reshape(int(t.shape[1]), int(t.shape[0]))
+    rows, dP = table.shape
+    per = -(-rows // n_shard)
+    codes = np.empty((rows, dP // 2), np.uint8)
+    scales = np.empty((rows, dP // 16), np.uint8)
+    e4m3 = np.where(np.isnan(_E4M3[:127]), np.inf, _E4M3[:127])      # the non-negative codes
+    gscales = []
+    for k in range(n_shard):
+        sh = table[k * per:(k + 1) * per]
+        gs = float(np.abs(sh).max()) / (6.0 * 448.0)
+        gscales.append(gs)
+        blocks = sh.reshape(len(sh), dP // 16, 16)
+        want = np.abs(blocks).max(axis=2) / 6.0 / gs                 # each block's scale, in E4M3
+        sc = np.abs(e4m3[None, None, :] - want[..., None]).argmin(axis=2).astype(np.uint8)
+        d = np.maximum(e4m3[sc], 1e-12)[..., None] * gs
+        c = np.abs(_E2M1[None, None, None, :] - (blocks / d)[..., None]).argmin(axis=3).astype(np.uint8)
+        c = c.reshape(len(sh), dP)
+        codes[k * per:(k + 1) * per] = c[:, 0::2] | (c[:, 1::2] << 4)
+        scales[k * per:(k + 1) * per] = sc
+    (out_dir / "packed").mkdir(parents=True)
+    path = out_dir / "packed" / ple.TABLE_NAME
+    np.concatenate([codes, scales], axis=1).tofile(path)
+    meta = {"format": ple.FORMAT, "table": ple.TABLE_NAME, "source": "dense-device-test", "total_rows": rows,
+            "num_shards": n_shard, "rows_per_shard": per, "row_dim": dP, "code_bytes": dP // 2,
+            "scale_bytes": dP // 16, "row_width": dP // 2 + dP // 16, "global_scales": gscales,
+            "file_bytes": rows * (dP // 2 + dP // 16)}
+    (out_dir / "packed" / (ple.TABLE_NAME + ".json")).write_text(json.dumps(meta))
+    dst = str(out_dir / "external.gguf")
+    w = gguf.GGUFWriter(dst, "qwen4exp")
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
+    w.add_string("strata.ple_external", "packed/" + ple.TABLE_NAME)
+    w.add_uint64("strata.ple_external.rows", rows)
+    for t in r.tensors:
+        if t.name != "per_layer_token_embd.weight":
+            w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_the_packed_nvfp4_ple_table_matches(tiny, tmp_path):
+    """The external packed NVFP4 table: the rows' table ids and the shards' scales go up with the rows (ple.dequant's
+    packed format), the rest of the layer as with a GGUF table."""
+    from pyrunner import ple
+
+    path = packed_ple_copy(tiny["f32"], tmp_path)
+    ids = prompt(100, seed=1)                # seed 0 starts on a near-tie with this table
+    with Model(path, threads=2) as cpu, Model(path, threads=2, dense="emu") as dev:
+        info = ple.model_info(dev)
+        assert info["external"] and info["row_bytes"] == 9
+        a = cpu.session().eval(ids, all_logits=True)
+        b = dev.session().eval(ids, all_logits=True)
+        assert rel(b, a) < TOL
+        assert not np.array_equal(a, b)
+        ta, la = greedy(cpu, ids, 16)
+        tb, _ = greedy(dev, ids, 16)
+        k = decided(la)
+        assert k >= 8, f"near-tie at step {k}: pick another prompt"
+        assert ta[:k] == tb[:k]
 
 
 def test_the_start_up_plan_fits_the_cache_and_honours_vram_gib(tiny):

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 9
+#define STRATA_ABI_VERSION 10
 /* strata_model_params.cache_bytes: fit the expert cache into what the device has left after the dense
  * weights, one session's state at n_ctx, the work buffers and a margin (strata_model_device_log says how
  * much that was). The binding spells it 2**64 - 1. */
@@ -523,6 +523,11 @@ typedef struct strata_offload_stats {
     int32_t split;                 /* strata_split in effect */
     uint64_t split_updates;        /* per-layer share updates (ONLINE) */
     float pcie_frac_min, pcie_frac_max;  /* the per-layer shares' range (ONLINE; pcie_frac is their mean) */
+    /* The rest of the link's traffic (with copy_bytes, every byte that crosses it): */
+    uint64_t act_bytes;            /* the expert device's rows: each group's input up and output down */
+    uint64_t dense_weight_bytes;   /* the dense forward's weights and vectors, uploaded at load */
+    uint64_t dense_h2d_bytes;      /* its per-step copies up: embeddings, PLE rows, the CPU experts' rows */
+    uint64_t dense_d2h_bytes;      /* and down: MoE inputs and routing, logits, hidden rows */
 } strata_offload_stats;
 strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *out);
 /* The share of missing expert groups sent over the link from now on (the controller's output). */
@@ -724,9 +729,9 @@ typedef struct strata_ple_stats {
     double hash_s;           /* worker: n-gram ids */
     double prefetch_s;       /* worker: WILLNEED calls */
     double gather_s;         /* worker: copying / reading the packed rows */
-    double copy_s;           /* packed rows to a device; 0 on the cpu device (it reads the buffer) */
+    double copy_s;           /* packed rows into the dense device's staging; 0 on the C forward (it reads the buffer) */
     double wait_s;           /* model thread waiting for the worker's done sequence number */
-    double dequant_s;        /* model thread: dequantizing the gathered rows (cpu device) */
+    double dequant_s;        /* model thread: dequantizing the gathered rows (the C forward; on a device, the launch) */
     /* the row cache and the floors of the two access modes (every step, cache on or off) */
     uint64_t cache_lookups;  /* rows looked up in the row cache (0 when it is off) */
     uint64_t cache_hits;     /* of those, found: not read from the table */

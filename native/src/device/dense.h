@@ -13,7 +13,8 @@
  * Every pointer a kernel or a copy takes is the table's memory (device memory for cuda), but for the host
  * side of an H2D / D2H copy. The forward queues its copies and kernels on the default stream (NULL), so
  * they run in order with no events; `sync` waits for them. `copy` with D2H is synchronous (the forward
- * reads what it copied).
+ * reads what it copied); H2D returns at once from host_alloc's memory, and after waiting for the stream
+ * from any other (CUDA stages pageable memory only once the stream is idle).
  */
 #ifndef STRATA_DEVICE_DENSE_H
 #define STRATA_DEVICE_DENSE_H
@@ -30,6 +31,10 @@ typedef struct mdl_dk {
     /* memory: alloc returns NULL when the device has no room (no message: the caller names the use) */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    /* page-locked host memory (cuda: cudaHostAlloc), so that a copy up from it is queued without waiting for
+     * the stream: the caller keeps it unchanged until the stream passed the copy (a later sync or D2H copy) */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
     strata_status (*copy)(void *dst, const void *src, size_t bytes, int kind, void *stream);
     /* rows of `width` bytes, spitch / dpitch bytes apart */
     strata_status (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,

@@ -36,6 +36,19 @@ static void dk_free(void *p) {
     if (p) (void)cudaFree(p);
 }
 
+static void *dk_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void dk_host_free(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}
+
 static cudaMemcpyKind dk_kind(int kind) {
     return kind == DK_H2D ? cudaMemcpyHostToDevice : kind == DK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
 }
@@ -79,7 +92,7 @@ static strata_status dk_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
 static mdl_dk make_table(void) {
     mdl_dk t = {};
     t.name = "cuda";
-    t.alloc = dk_alloc; t.free = dk_free; t.copy = dk_copy; t.copy2d = dk_copy2d; t.zero = dk_zero; t.sync = dk_sync;
+    t.alloc = dk_alloc; t.free = dk_free; t.host_alloc = dk_host_alloc; t.host_free = dk_host_free; t.copy = dk_copy; t.copy2d = dk_copy2d; t.zero = dk_zero; t.sync = dk_sync;
     t.mem_info = dk_mem_info;
     t.act_quant = strata_cuda_act_quant; t.gemv = strata_cuda_gemv; t.scale = strata_cuda_scale;
     t.gemm_create = strata_cuda_gemm_create; t.gemm_destroy = strata_cuda_gemm_destroy;

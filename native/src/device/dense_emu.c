@@ -47,7 +47,7 @@ static strata_status emu_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
 
 static const mdl_dk EMU = {
     .name = "emu",
-    .alloc = emu_alloc, .free = emu_free, .copy = emu_copy, .copy2d = emu_copy2d, .zero = emu_zero,
+    .alloc = emu_alloc, .free = emu_free, .host_alloc = emu_alloc, .host_free = emu_free, .copy = emu_copy, .copy2d = emu_copy2d, .zero = emu_zero,
     .sync = emu_sync, .mem_info = emu_mem_info,
     .act_quant = emu_act_quant, .gemv = emu_gemv, .scale = emu_scale, .gemm_create = emu_gemm_create,
     .gemm_destroy = emu_gemm_destroy, .gemm_tile_bytes = emu_gemm_tile_bytes, .gemm = emu_gemm,

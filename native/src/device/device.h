@@ -85,8 +85,9 @@ int mdev_wait_compute(mdev *d, uint64_t seq);
 uint64_t mdev_cancel(mdev *d);
 /* Timed host -> device copy of `bytes`, best of reps, in GB/s (the link probe). */
 double mdev_probe(mdev *d, size_t bytes, int reps);
-/* Totals since creation: bytes copied, seconds the copy engine was busy, seconds computing. */
-void mdev_counters(mdev *d, uint64_t *copy_bytes, double *copy_s, double *compute_s);
+/* Totals since creation: bytes copied into slots, bytes of the computations' rows (x up and out down, which
+ * cross the link too), seconds the copy engine was busy, seconds computing. */
+void mdev_counters(mdev *d, uint64_t *copy_bytes, uint64_t *act_bytes, double *copy_s, double *compute_s);
 const char *mdev_name(const mdev *d);
 
 /* Event log (tests and traces): every operation's engine, slot, number, dependency and its start and

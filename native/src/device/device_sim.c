@@ -91,6 +91,7 @@ struct mdev {
     engine eng[2];             /* 0 copy, 1 compute */
     int stop;
     uint64_t copy_bytes;       /* counters, under mu */
+    uint64_t act_bytes;        /* the computations' rows: x up, out down */
     double copy_s, compute_s;
     double vclock;             /* copy thread: when the link is free again */
     int log_on;
@@ -175,8 +176,10 @@ static void run_copy(mdev *d, sim_op *op) {
 
 static void run_compute(mdev *d, sim_op *op) {
     const double t0 = now_s();
+    uint64_t act = 0;
     for (int i = 0; i < op->ng; i++) {
         const mdev_group *g = &op->g[i];
+        act += 2 * (uint64_t)g->n * (uint64_t)g->shape->E * sizeof(float);
         /* an allocation failure leaves zero rows (the expert's contribution is lost, not garbage) */
 #if STRATA_HAVE_CUDA
         if (d->cu) {
@@ -192,6 +195,7 @@ static void run_compute(mdev *d, sim_op *op) {
             memset(g->out, 0, (size_t)(g->n * g->shape->E) * sizeof(float));
     }
     pthread_mutex_lock(&d->mu);
+    d->act_bytes += act;
     d->compute_s += now_s() - t0;
     pthread_mutex_unlock(&d->mu);
 }
@@ -451,9 +455,10 @@ double mdev_probe(mdev *d, size_t bytes, int reps) {
     return best;
 }
 
-void mdev_counters(mdev *d, uint64_t *copy_bytes, double *copy_s, double *compute_s) {
+void mdev_counters(mdev *d, uint64_t *copy_bytes, uint64_t *act_bytes, double *copy_s, double *compute_s) {
     pthread_mutex_lock(&d->mu);
     *copy_bytes = d->copy_bytes;
+    *act_bytes = d->act_bytes;
     *copy_s = d->copy_s;
     *compute_s = d->compute_s;
     pthread_mutex_unlock(&d->mu);

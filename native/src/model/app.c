@@ -259,6 +259,9 @@ strata_status strata_model_offload_stats(strata_model *m, strata_offload_stats *
     memset(out, 0, sizeof *out);
     out->device = m->params.device;
     if (m->off) off_get_stats(m->off, out);
+    out->dense_weight_bytes = mdl_dense_weight_bytes(m);
+    out->dense_h2d_bytes = __atomic_load_n(&m->dense_h2d, __ATOMIC_RELAXED);
+    out->dense_d2h_bytes = __atomic_load_n(&m->dense_d2h, __ATOMIC_RELAXED);
     return STRATA_OK;
 }
 

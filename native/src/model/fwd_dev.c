@@ -3,12 +3,14 @@
  *
  * What runs where. On the device: the embeddings' streams (rows dequantized on the host, copied up), every
  * hyper-connection read and write, the GDN and QSA mixers with their state (conv windows, recurrent state,
- * K/V in kv_type, indexer keys, block summaries: state.c allocates the trunk's layer state in the device's
- * memory), the final mixer and the LM head. On the host, copied per layer: the MoE (router, shared expert,
- * routed experts through the offload engine with its device cache, staging and CPU pool, the merge) — its
- * input u down, its output y up — and the PLE layer (the streams down and up; its conv state stays on the
- * host); the MTP head (it reads the hidden rows this returns). So a step synchronises with the host once per
- * MoE layer, once for the PLE layer and once for the logits.
+ * K/V in kv_type, indexer keys, block summaries: state.c allocates every layer's state in the device's
+ * memory), the MoE's router, shared expert and merge, the PLE layer on the rows its CPU worker gathered
+ * (ple_layer.c mdl_ple_dev; its conv history is device state), the final mixer, the LM head and the MTP
+ * head (mdl_mtp_step_dev). On the host: the routed experts, through the offload engine (its device cache,
+ * staging ring and CPU pool; mdl_moe_experts), between the MoE input and routing copied down and the
+ * experts' rows copied up. So a step waits for the device once per MoE layer (the CPU experts' handoff:
+ * the host needs the routing) and once for the logits; copies up come from page-locked buffers and do not
+ * wait (the PLE rows, the experts' rows). Every byte that crosses is counted (mdl_dcopy; offload stats).
  *
  * Products: the activations are rounded as strata_matmul rounds them (act_quant), then up to GEMV_MAX_ROWS
  * rows take the gemv kernel (the decode path) and more the gemm path (tiles of the weight decoded to float,
@@ -23,54 +25,29 @@
  * tests/native/test_cuda_ops_*.c bound each op); tests/test_dense_device.py compares whole models, and
  * tools/dense_check.py (device_check.sh's models rows) the GPU's run with the C one.
  */
-#include "model.h"
+#include "fwd_dev.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/dense.h"
 #include "util/error.h"
 #include "util/trace.h"
 
-enum { GEMV_MAX_ROWS = 8, GDN_CHUNK_MIN_ROWS = 32, GEMM_TILE_ROWS = 64 };
-#define QSA_SLICE_BYTES ((size_t)64 << 20)
-#define GEMM_TILE_BYTES ((size_t)32 << 20)
-
-/* A layer's small float vectors in the device's memory. */
-typedef struct {
-    float *hc_norm[2];
-    float *ssm_conv, *ssm_dt_bias, *ssm_a, *ssm_norm;
-    float *attn_q_norm, *attn_k_norm, *idx_q_norm, *idx_k_norm;
-} dlayer;
-
-struct mdl_dense {
-    const mdl_dk *dk;
-    void *blas;
-    dlayer *layers;            /* [n_layer] */
-    float *out_hc_norm;
-    uint64_t weight_bytes;     /* dense weights and vectors uploaded */
-};
-
-/* A session's work buffers, each grown on demand (a step of more rows than the last reallocates). */
-enum { B_X, B_U, B_Y, B_C, B_XH, B_G, B_A, B_XQ, B_TILE, B_P0, B_P1, B_P2, B_P3, B_P4, B_CV, B_QN, B_KN, B_O, B_Q,
-       B_CS, B_BCS, B_SCORE, B_SEL, B_NSEL, B_W, B_WORK, B_LG, B_N };
-
-struct mdl_dsess {
-    const mdl_dk *dk;
-    void *buf[B_N];
-    size_t cap[B_N];
-};
-
 /* ---------------------------------------------------------------- buffers */
 
-static strata_status dbuf(strata_session *s, int which, size_t bytes, void **out) {
-    if (!s->ds) {
-        s->ds = calloc(1, sizeof *s->ds);
-        if (!s->ds) return strata_fail(STRATA_ERR_NOMEM, "device forward: no memory");
-        s->ds->dk = s->m->dk;
-    }
+static strata_status dsess(strata_session *s) {
+    if (s->ds) return STRATA_OK;
+    s->ds = calloc(1, sizeof *s->ds);
+    if (!s->ds) return strata_fail(STRATA_ERR_NOMEM, "device forward: no memory");
+    s->ds->dk = s->m->dk;
+    return STRATA_OK;
+}
+
+strata_status mdl_dbuf(strata_session *s, int which, size_t bytes, void **out) {
+    strata_status rc = dsess(s);
+    if (rc) return rc;
     struct mdl_dsess *d = s->ds;
     if (d->cap[which] < bytes) {
         d->dk->free(d->buf[which]);
@@ -88,20 +65,47 @@ static strata_status dbuf(strata_session *s, int which, size_t bytes, void **out
     *out = d->buf[which];
     return STRATA_OK;
 }
-#define DBUF(s, which, type, n, ptr) \
-    do { if ((rc = dbuf((s), (which), (size_t)(n) * sizeof(type), (void **)&(ptr)))) return rc; } while (0)
+
+strata_status mdl_dhost(strata_session *s, int which, size_t bytes, void **out) {
+    strata_status rc = dsess(s);
+    if (rc) return rc;
+    struct mdl_dsess *d = s->ds;
+    if (d->host_cap[which] < bytes) {
+        if (d->host[which] && (rc = d->dk->sync(NULL))) return rc;   /* a copy up from it may be queued */
+        d->dk->host_free(d->host[which]);
+        d->host[which] = NULL;
+        d->host_cap[which] = 0;
+        const size_t want = bytes + bytes / 4;
+        void *p = d->dk->host_alloc(want);
+        if (!p)
+            return strata_fail(STRATA_ERR_NOMEM, "device forward: no page-locked host memory for %.1f MiB of "
+                               "staging; lower the step (--prefill-chunk)", (double)want / (1 << 20));
+        d->host[which] = p;
+        d->host_cap[which] = want;
+    }
+    *out = d->host[which];
+    return STRATA_OK;
+}
 
 void mdl_dense_session_free(strata_session *s) {
     if (!s->ds) return;
+    (void)s->ds->dk->sync(NULL);   /* nothing queued may read what goes */
     for (int i = 0; i < B_N; i++) s->ds->dk->free(s->ds->buf[i]);
+    for (int i = 0; i < H_N; i++) s->ds->dk->host_free(s->ds->host[i]);
     free(s->ds);
     s->ds = NULL;
 }
 
+strata_status mdl_dcopy(strata_session *s, void *dst, const void *src, size_t bytes, int kind) {
+    strata_model *m = s->m;
+    if (kind == DK_H2D) __atomic_fetch_add(&m->dense_h2d, (uint64_t)bytes, __ATOMIC_RELAXED);
+    if (kind == DK_D2H) __atomic_fetch_add(&m->dense_d2h, (uint64_t)bytes, __ATOMIC_RELAXED);
+    return m->dk->copy(dst, src, bytes, kind, NULL);
+}
+
 /* ---------------------------------------------------------------- products */
 
-/* y[L x rows] = w x[L x cols] (both device memory), times w's .scale. */
-static strata_status dmatmul(strata_session *s, const mdl_mat *w, const float *x, int64_t L, float *y) {
+strata_status mdl_dmatmul(strata_session *s, const mdl_mat *w, const float *x, int64_t L, float *y) {
     const strata_model *m = s->m;
     const mdl_dk *dk = m->dk;
     strata_status rc;
@@ -121,7 +125,7 @@ static strata_status dmatmul(strata_session *s, const mdl_mat *w, const float *x
         if (rows > w->rows) rows = w->rows;
         const size_t tb = dk->gemm_tile_bytes(w->cols, rows, 0);
         void *tile;
-        if ((rc = dbuf(s, B_TILE, tb, &tile))) return rc;
+        if ((rc = mdl_dbuf(s, B_TILE, tb, &tile))) return rc;
         rc = dk->gemm(m->dense->blas, NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y, tile, tb, 0,
                       NULL);
     }
@@ -141,12 +145,12 @@ static strata_status dhc_read(strata_session *s, const float *X, const float *no
     DBUF(s, B_G, float, L * W, g);
     DBUF(s, B_A, float, L * (R > hc ? R : hc), a);
     if ((rc = dk->hc_read_norm(X, norm, L, hc, E, m->hp.eps, xh, NULL))) return rc;
-    if ((rc = dmatmul(s, down, xh, L, a))) return rc;
+    if ((rc = mdl_dmatmul(s, down, xh, L, a))) return rc;
     if ((rc = dk->hc_read_act(a, L * R, hc, NULL))) return rc;
-    if ((rc = dmatmul(s, up, a, L, g))) return rc;
+    if ((rc = mdl_dmatmul(s, up, a, L, g))) return rc;
     if ((rc = dk->hc_read_mix(g, xh, L, hc, E, u, NULL))) return rc;
     if (c) {
-        if ((rc = dmatmul(s, inject, xh, L, a))) return rc;
+        if ((rc = mdl_dmatmul(s, inject, xh, L, a))) return rc;
         rc = dk->hc_inject(a, L * hc, hc, c, NULL);
     }
     return rc;
@@ -175,10 +179,10 @@ static strata_status dgdn(strata_session *const *ss, const int64_t *Ls, int n, i
     DBUF(s0, B_QN, float, R * KD, qn);
     DBUF(s0, B_KN, float, R * KD, kn);
     DBUF(s0, B_O, float, R * VD, o);
-    if ((rc = dmatmul(s0, &l->ssm_qkv, u, R, pq))) return rc;
-    if ((rc = dmatmul(s0, &l->ssm_z, u, R, pz))) return rc;
-    if ((rc = dmatmul(s0, &l->ssm_beta, u, R, pb))) return rc;
-    if ((rc = dmatmul(s0, &l->ssm_alpha, u, R, pa))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->ssm_qkv, u, R, pq))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->ssm_z, u, R, pz))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->ssm_beta, u, R, pb))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->ssm_alpha, u, R, pa))) return rc;
     const size_t conv_floats = (size_t)(Kc - 1) * (size_t)CD;
     int64_t r0 = 0;
     for (int i = 0; i < n; i++) {
@@ -213,13 +217,14 @@ static strata_status dgdn(strata_session *const *ss, const int64_t *Ls, int n, i
         if (rc) return rc;
         r0 += Ls[i];
     }
-    return dmatmul(s0, &l->ssm_out, o, R, y);
+    return mdl_dmatmul(s0, &l->ssm_out, o, R, y);
 }
 
 /* The QSA layer il for n sequences (qsa.c qsa_rows): projections over all rows, then per sequence the
- * norms, RoPE, cache writes, block summaries, selection and attention at its own n_past, then W_o. */
-static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, int il, const float *u, int64_t R,
-                          float *y) {
+ * norms, RoPE, cache writes, block summaries, selection and attention at its own n_past, then W_o. The MTP
+ * head (mdl_qsa_at): one sequence, st its cache, rows from p0 on; st NULL: the sequences' trunk caches. */
+static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, int il, mdl_layer_state *st_at,
+                          int64_t p0_at, const float *u, int64_t R, float *y) {
     strata_session *s0 = ss[0];
     const strata_model *m = s0->m;
     const mdl_dk *dk = m->dk;
@@ -240,16 +245,16 @@ static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, i
     DBUF(s0, B_Q, float, R * H * hd, q);
     DBUF(s0, B_O, float, R * H * hd, o);
     DBUF(s0, B_CS, float, R * n_rot, cs);
-    if ((rc = dmatmul(s0, &l->attn_q, u, R, qg))) return rc;
-    if ((rc = dmatmul(s0, &l->attn_k, u, R, kk))) return rc;
-    if ((rc = dmatmul(s0, &l->attn_v, u, R, vv))) return rc;
-    if ((rc = dmatmul(s0, &l->idx_q, u, R, iq))) return rc;
-    if ((rc = dmatmul(s0, &l->idx_k, u, R, ik))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->attn_q, u, R, qg))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->attn_k, u, R, kk))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->attn_v, u, R, vv))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->idx_q, u, R, iq))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->idx_k, u, R, ik))) return rc;
     int64_t r0 = 0;
     for (int i = 0; i < n; i++) {
         strata_session *s = ss[i];
-        mdl_layer_state *st = &s->ls[il];
-        const int64_t L = Ls[i], p0 = s->n_past;
+        mdl_layer_state *st = st_at ? st_at : &s->ls[il];
+        const int64_t L = Ls[i], p0 = st_at ? p0_at : s->n_past;
         float *qg_i = qg + r0 * 2 * H * hd, *kk_i = kk + r0 * Hkv * hd, *vv_i = vv + r0 * Hkv * hd;
         float *iq_i = iq + r0 * nI * dI, *ik_i = ik + r0 * dI, *q_i = q + r0 * H * hd, *o_i = o + r0 * H * hd;
         float *cs_i = cs + r0 * n_rot;
@@ -305,12 +310,74 @@ static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, i
         }
         r0 += L;
     }
-    return dmatmul(s0, &l->attn_o, o, R, y);
+    return mdl_dmatmul(s0, &l->attn_o, o, R, y);
+}
+
+/* ---------------------------------------------------------------- the MoE */
+
+/* The MoE of layer il on R rows of du (device), y to dy (device); u [R x E] is host memory to stage the
+ * input through. The router and its top-k run here, then the routing and u go down (one synchronisation):
+ * the host runs the routed experts (offload engine: device cache, staging, CPU pool; mdl_moe_experts)
+ * while the device runs the shared expert and the grouping; the experts' rows come up and the merge
+ * Σ w·sd·E(x) + σ(w_seg·u)·sd_sh·shared(u) runs here. */
+static strata_status dmoe(strata_session *s, int il, const float *du, int64_t R, float *u, float *dy) {
+    const strata_model *m = s->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const dlayer *dl = &m->dense->layers[il];
+    const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fs = hp->ff_shexp;
+    strata_status rc;
+    float *lg = NULL, *pw = NULL, *out = NULL, *gate = NULL, *gu = NULL, *h = NULL, *sho = NULL;
+    int32_t *pick = NULL;
+    int64_t *count = NULL, *slot = NULL, *row = NULL;
+    int8_t *skip = NULL;
+    DBUF(s, B_MLG, float, R * Ne, lg);
+    DBUF(s, B_MPICK, int32_t, R * K, pick);
+    DBUF(s, B_MPW, float, R * K, pw);
+    DBUF(s, B_MCOUNT, int64_t, Ne + 1, count);
+    DBUF(s, B_MSLOT, int64_t, R * K, slot);
+    DBUF(s, B_MROW, int64_t, R * K, row);
+    DBUF(s, B_MOUT, float, R * K * E, out);
+    DBUF(s, B_MSKIP, int8_t, Ne, skip);
+    DBUF(s, B_MGATE, float, R, gate);
+    DBUF(s, B_MSHGU, float, 2 * R * Fs, gu);
+    DBUF(s, B_MSHH, float, R * Fs, h);
+    DBUF(s, B_MSHO, float, R * E, sho);
+    if ((rc = mdl_dmatmul(s, &l->router, du, R, lg))) return rc;
+    if ((rc = dk->router_topk(lg, R, Ne, K, pick, pw, NULL))) return rc;
+    /* host staging: the routing, the experts' rows and the skip marks */
+    const size_t pb = (size_t)(R * K) * sizeof(int32_t), wb = (size_t)(R * K) * sizeof(float);
+    const size_t ob = (size_t)(R * K * E) * sizeof(float);
+    char *hb = NULL;   /* page-locked: the rows go up without waiting for the shared expert's kernels */
+    if ((rc = mdl_dhost(s, H_MOE, pb + wb + ob + (size_t)Ne, (void **)&hb))) return rc;
+    mdl_moe_ext ext = {.pick = (const int32_t *)hb, .pw = (const float *)(hb + pb), .out = (float *)(hb + pb + wb),
+                       .skip = (int8_t *)(hb + pb + wb + ob)};
+    /* the copies down wait for the router (the default stream runs in order) */
+    if ((rc = mdl_dcopy(s, u, du, (size_t)(R * E) * sizeof(float), DK_D2H))) return rc;
+    if ((rc = mdl_dcopy(s, hb, pick, pb, DK_D2H))) return rc;
+    if ((rc = mdl_dcopy(s, hb + pb, pw, wb, DK_D2H))) return rc;
+    /* queued for the device while the host computes: the shared expert, its gate, the grouping */
+    if ((rc = dk->zero(count, (size_t)(Ne + 1) * sizeof(int64_t), NULL))) return rc;
+    if ((rc = dk->router_group(pick, R * K, Ne, count, slot, row, NULL))) return rc;
+    if ((rc = mdl_dmatmul(s, &l->sh_gate, du, R, gu))) return rc;
+    if ((rc = mdl_dmatmul(s, &l->sh_up, du, R, gu + R * Fs))) return rc;
+    if ((rc = dk->merge_glu(gu, R, Fs, 0, mdl_mat_scale(&l->sh_gate, 0), mdl_mat_scale(&l->sh_up, 0), h, NULL)))
+        return rc;
+    if ((rc = mdl_dmatmul(s, &l->sh_down, h, R, sho))) return rc;
+    if ((rc = dk->merge_shared_gate(dl->sh_inp_gate, du, R, E, gate, NULL))) return rc;
+    if ((rc = mdl_moe_experts(s, il, u, R, &ext))) return rc;
+    /* the experts' rows up (the device cache's too: this version's offload engine writes them to host
+     * memory), then the merge */
+    if ((rc = mdl_dcopy(s, out, ext.out, ob, DK_H2D))) return rc;
+    if ((rc = mdl_dcopy(s, skip, ext.skip, (size_t)Ne, DK_H2D))) return rc;
+    return dk->merge_sum(pick, pw, dl->exp_down_scale, skip, row, out, gate, mdl_mat_scale(&l->sh_down, 0), sho, R,
+                         E, K, dy, NULL);
 }
 
 /* ---------------------------------------------------------------- the step */
 
-strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *y) {
+strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u) {
     strata_session *ss[STRATA_BATCH_MAX];
     int64_t Ls[STRATA_BATCH_MAX];
     const int32_t *ids[STRATA_BATCH_MAX];
@@ -330,7 +397,7 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
     DBUF(s0, B_U, float, R * E, du);
     DBUF(s0, B_Y, float, R * E, dy);
     DBUF(s0, B_C, float, R * hc, dc);
-    if ((rc = dk->copy(dX, X, (size_t)(R * W) * sizeof(float), DK_H2D, NULL))) return rc;
+    if ((rc = mdl_dcopy(s0, dX, X, (size_t)(R * W) * sizeof(float), DK_H2D))) return rc;
     wd_state *wd = wd_self();
     const int tr = trc_on();
     uint64_t t_step = tr ? trc_now() : 0, t_p = 0;
@@ -339,12 +406,10 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
         const dlayer *dl = &D->layers[il];
         if (wd_expired()) return wd_fail("between layers (the last part took longer than the limit)");
         wd->layer = il;
-        if (l->has_ple) {   /* on the host: the streams down, PLE(X) added, up again */
+        if (l->has_ple) {   /* on the device: only the gathered packed rows come up (ple_layer.c) */
             wd->part = "PLE";
             if (tr) t_p = trc_now();
-            if ((rc = dk->copy(X, dX, (size_t)(R * W) * sizeof(float), DK_D2H, NULL))) return rc;
-            if ((rc = mdl_ple(ss, ids, Ls, n, il, X))) return rc;
-            if ((rc = dk->copy(dX, X, (size_t)(R * W) * sizeof(float), DK_H2D, NULL))) return rc;
+            if ((rc = mdl_ple_dev(ss, ids, Ls, n, il, dX))) return rc;
             if (tr) trc_emit(TRC_PLE, t_p, trc_now(), il, 0, R, 0);
             wd_beat();
         }
@@ -352,7 +417,7 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
         if (tr) t_p = trc_now();
         if ((rc = dhc_read(s0, dX, dl->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], R, du, dc)))
             return rc;
-        rc = l->is_qsa ? dqsa(ss, Ls, n, il, du, R, dy) : dgdn(ss, Ls, n, il, du, R, dy);
+        rc = l->is_qsa ? dqsa(ss, Ls, n, il, NULL, 0, du, R, dy) : dgdn(ss, Ls, n, il, du, R, dy);
         if (rc) return rc;
         if ((rc = dk->hc_write(dX, dc, dy, R, hc, E, NULL))) return rc;
         if (tr) trc_emit(TRC_MIXER, t_p, trc_now(), il, l->is_qsa, R, 0);
@@ -363,9 +428,7 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
         if (tr) t_p = trc_now();
         if ((rc = dhc_read(s0, dX, dl->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], R, du, dc)))
             return rc;
-        if ((rc = dk->copy(u, du, (size_t)(R * E) * sizeof(float), DK_D2H, NULL))) return rc;
-        if ((rc = mdl_moe(s0, il, u, R, y))) return rc;
-        if ((rc = dk->copy(dy, y, (size_t)(R * E) * sizeof(float), DK_H2D, NULL))) return rc;
+        if ((rc = dmoe(s0, il, du, R, u, dy))) return rc;
         if ((rc = dk->hc_write(dX, dc, dy, R, hc, E, NULL))) return rc;
         if (tr) trc_emit(TRC_MOE, t_p, trc_now(), il, 0, R, 0);
         wd_beat();
@@ -376,7 +439,7 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
     for (int i = 0; i < n; i++) {
         q[i].s->n_past += q[i].L;
         if (q[i].hidden &&
-            (rc = dk->copy(q[i].hidden, dX + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float), DK_D2H, NULL)))
+            (rc = mdl_dcopy(s0, q[i].hidden, dX + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float), DK_D2H)))
             return rc;
         if (q[i].out && q[i].row0 < q[i].L) nr += q[i].L - q[i].row0;
     }
@@ -396,15 +459,67 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *
         k += ni;
     }
     if ((rc = dhc_read(s0, xs, D->out_hc_norm, &m->out_hc_down, &m->out_hc_up, NULL, nr, du, NULL))) return rc;
-    if ((rc = dmatmul(s0, &m->output, du, nr, lg))) return rc;
+    if ((rc = mdl_dmatmul(s0, &m->output, du, nr, lg))) return rc;
     k = 0;
     for (int i = 0; i < n; i++) {
         if (!q[i].out || q[i].row0 >= q[i].L) continue;
         const int64_t ni = q[i].L - q[i].row0;
-        if ((rc = dk->copy(q[i].out, lg + k * V, (size_t)(ni * V) * sizeof(float), DK_D2H, NULL))) return rc;
+        if ((rc = mdl_dcopy(s0, q[i].out, lg + k * V, (size_t)(ni * V) * sizeof(float), DK_D2H))) return rc;
         k += ni;
     }
     return STRATA_OK;
+}
+
+/* ---------------------------------------------------------------- the MTP head */
+
+strata_status mdl_mtp_step_dev(strata_session *s, const float *hidden, const int32_t *ids, int64_t L, int64_t p0,
+                               int64_t row0, float *logits, float *chain, float *e, float *u) {
+    const strata_model *m = s->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const struct mdl_dense *D = m->dense;
+    const int il = hp->n_layer;
+    const mdl_layer *l = &m->layers[il];
+    const dlayer *dl = &D->layers[il];
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E;
+    strata_status rc;
+    float *dX = NULL, *dh = NULL, *de = NULL, *in2 = NULL, *du = NULL, *dy = NULL, *dc = NULL, *scr = NULL;
+    DBUF(s, B_X, float, L * W, dX);
+    DBUF(s, B_XH, float, L * W, dh);   /* dhc_read's scratch too: the hidden rows are used first */
+    DBUF(s, B_Y, float, L * E, de);
+    DBUF(s, B_G, float, L * hc * 2 * E, in2);
+    DBUF(s, B_U, float, L * E, du);
+    DBUF(s, B_C, float, L * hc, dc);
+    DBUF(s, B_A, float, 2 * L, scr);
+    /* the fusion input: the tokens' embeddings (dequantized on the host) and the hidden rows up */
+    for (int64_t t = 0; t < L; t++)
+        m->tok_embd_t->dequant[0](m->tok_embd + (size_t)ids[t] * m->tok_embd_row, e + t * E, E);
+    if ((rc = mdl_dcopy(s, de, e, (size_t)(L * E) * sizeof(float), DK_H2D))) return rc;
+    if ((rc = mdl_dcopy(s, dh, hidden, (size_t)(L * W) * sizeof(float), DK_H2D))) return rc;
+    if ((rc = dk->mtp_norm_concat(de, dh, D->mtp_enorm, D->mtp_hnorm, L, hc, E, hp->eps, scr, in2, NULL))) return rc;
+    /* r_s = eh_proj · [ê | ĥ_s]: L*hc rows of E, which is X's [L x hc*E] layout */
+    if ((rc = mdl_dmatmul(s, &m->mtp_eh_proj, in2, L * hc, dX))) return rc;
+    /* the decoder block, as a trunk QSA layer, on the MTP's own cache from p0 */
+    DBUF(s, B_Y, float, L * E, dy);
+    if ((rc = dhc_read(s, dX, dl->hc_norm[0], &l->hc_down[0], &l->hc_up[0], &l->hc_inject[0], L, du, dc))) return rc;
+    strata_session *ss[1] = {s};
+    const int64_t Ls[1] = {L};
+    if ((rc = dqsa(ss, Ls, 1, il, &s->ls[il], p0, du, L, dy))) return rc;
+    if ((rc = dk->hc_write(dX, dc, dy, L, hc, E, NULL))) return rc;
+    if ((rc = dhc_read(s, dX, dl->hc_norm[1], &l->hc_down[1], &l->hc_up[1], &l->hc_inject[1], L, du, dc))) return rc;
+    if ((rc = dmoe(s, il, du, L, u, dy))) return rc;
+    if ((rc = dk->hc_write(dX, dc, dy, L, hc, E, NULL))) return rc;
+    if (row0 >= L) return dk->sync(NULL);
+    const int64_t nr = L - row0;
+    if (chain && (rc = mdl_dcopy(s, chain, dX + row0 * W, (size_t)(nr * W) * sizeof(float), DK_D2H))) return rc;
+    if (!logits) return dk->sync(NULL);
+    /* the MTP's own mixer (no inject), then the trunk's LM head */
+    float *lg = NULL;
+    DBUF(s, B_LG, float, nr * hp->n_vocab, lg);
+    if ((rc = dhc_read(s, dX + row0 * W, D->mtp_head_norm, &m->mtp_head_down, &m->mtp_head_up, NULL, nr, du, NULL)))
+        return rc;
+    if ((rc = mdl_dmatmul(s, &m->output, du, nr, lg))) return rc;
+    return mdl_dcopy(s, logits, lg, (size_t)(nr * hp->n_vocab) * sizeof(float), DK_D2H);
 }
 
 /* ---------------------------------------------------------------- load */
@@ -414,7 +529,7 @@ uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens) {
     const int kv = m->params.kv_type;
     const uint64_t es = kv == STRATA_KV_F32 ? 4 : kv == STRATA_KV_F16 ? 2 : 1;
     uint64_t b = 0;
-    for (int il = 0; il < h->n_layer; il++) {
+    for (int il = 0; il < h->n_layer + h->n_mtp; il++) {   /* the MTP block's cache is the device's too */
         const mdl_layer *l = &m->layers[il];
         if (l->is_qsa) {
             const uint64_t per = (uint64_t)h->n_head_kv * (uint64_t)h->head_dim;
@@ -428,6 +543,8 @@ uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens) {
             b += (uint64_t)h->ssm_gv * (uint64_t)h->ssm_dk * (uint64_t)h->ssm_dk * sizeof(float);
         }
     }
+    if (h->ple_layer >= 0)   /* the PLE conv history */
+        b += (uint64_t)(h->ple_kp - 1) * (uint64_t)h->ple_n * (uint64_t)h->hc * (uint64_t)h->n_embd * sizeof(float);
     return b;
 }
 
@@ -443,9 +560,18 @@ static uint64_t work_bytes(const strata_model *m, int64_t L) {
                          ((uint64_t)h->idx_heads + 1) * (uint64_t)h->idx_dim + (uint64_t)h->n_rot;
     if (qsa > mixer) mixer = qsa;
     per_row += mixer;
+    /* the MoE's: router logits, routing and grouping, the experts' rows, the shared expert's */
+    const uint64_t K = (uint64_t)h->n_expert_used, Fs = (uint64_t)h->ff_shexp;
+    per_row += (uint64_t)h->n_expert + 6 * K + K * E + 3 * Fs + E + 1;   /* slot, row: int64 */
+    uint64_t fixed = 0;
+    if (h->ple_layer >= 0) {   /* the PLE layer's: packed rows and ids, emb, key, val, gv; ext's history */
+        const uint64_t NH = (uint64_t)(h->ple_n - 1) * (uint64_t)h->ple_heads_per;
+        per_row += (NH * ((uint64_t)m->ple_table_row + 8) + 3) / 4 + 2 * E + 3 * W;
+        fixed += (uint64_t)(h->ple_kp - 1) * (uint64_t)h->ple_n * W * sizeof(float);
+    }
     /* the rows, a few rows of logits (verify windows), the attention's slice, one product's tile */
-    return (uint64_t)L * per_row * sizeof(float) + (uint64_t)GEMV_MAX_ROWS * V * sizeof(float) + QSA_SLICE_BYTES +
-           GEMM_TILE_BYTES;
+    return (uint64_t)L * per_row * sizeof(float) + fixed + (uint64_t)GEMV_MAX_ROWS * V * sizeof(float) +
+           QSA_SLICE_BYTES + GEMM_TILE_BYTES;
 }
 
 static void *up_bytes(struct mdl_dense *D, const void *src, size_t bytes, strata_status *rc) {
@@ -492,19 +618,25 @@ void mdl_dense_close(strata_model *m) {
     struct mdl_dense *D = m->dense;
     if (!D) return;
     mdl_for_each_mat(m, free_mat, (void *)D->dk);
-    for (int il = 0; D->layers && il < m->hp.n_layer; il++) {
+    for (int il = 0; D->layers && il < m->hp.n_layer + m->hp.n_mtp; il++) {
         dlayer *dl = &D->layers[il];
         float *v[] = {dl->hc_norm[0], dl->hc_norm[1], dl->ssm_conv, dl->ssm_dt_bias, dl->ssm_a, dl->ssm_norm,
-                      dl->attn_q_norm, dl->attn_k_norm, dl->idx_q_norm, dl->idx_k_norm};
+                      dl->attn_q_norm, dl->attn_k_norm, dl->idx_q_norm, dl->idx_k_norm, dl->sh_inp_gate,
+                      dl->exp_down_scale, dl->ple_norm_key, dl->ple_norm_query, dl->ple_norm_conv, dl->ple_conv};
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) D->dk->free(v[i]);
     }
     D->dk->free(D->out_hc_norm);
+    D->dk->free(D->mtp_enorm);
+    D->dk->free(D->mtp_hnorm);
+    D->dk->free(D->mtp_head_norm);
     if (D->blas) D->dk->gemm_destroy(D->blas);
     free(D->layers);
     free(D);
     m->dense = NULL;
     m->dk = NULL;
 }
+
+uint64_t mdl_dense_weight_bytes(const strata_model *m) { return m->dense ? m->dense->weight_bytes : 0; }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
 
@@ -539,11 +671,11 @@ strata_status mdl_dense_open(strata_model *m) {
     uint64_t free_b = 0, total_b = 0;
     if ((rc = dk->mem_info(&free_b, &total_b))) goto fail;
     if ((rc = dk->gemm_create(&D->blas))) goto fail;
-    D->layers = calloc((size_t)hp->n_layer, sizeof *D->layers);
+    D->layers = calloc((size_t)(hp->n_layer + hp->n_mtp), sizeof *D->layers);
     if (!D->layers) { rc = strata_fail(STRATA_ERR_NOMEM, "device forward: no memory"); goto fail; }
     const int64_t E = hp->n_embd, W = (int64_t)hp->hc * E, Kc = hp->ssm_kc, dv = hp->ssm_dk;
     const int64_t CD = 2 * (int64_t)hp->ssm_gk * hp->ssm_dk + (int64_t)hp->ssm_gv * dv;
-    for (int il = 0; il < hp->n_layer && !rc; il++) {
+    for (int il = 0; il < hp->n_layer + hp->n_mtp && !rc; il++) {
         mdl_layer *l = &m->layers[il];
         dlayer *dl = &D->layers[il];
         for (int k = 0; k < 2; k++) {
@@ -574,11 +706,41 @@ strata_status mdl_dense_open(strata_model *m) {
             dl->ssm_a = up_vec(D, l->ssm_a, (size_t)hp->ssm_gv, &rc);
             dl->ssm_norm = up_vec(D, l->ssm_norm, (size_t)dv, &rc);
         }
+        /* the MoE's router, shared expert and merge run on the device (the routed experts on the offload
+         * engine's devices) */
+        up_mat(D, &l->router, "ffn_gate_inp", il, &rc);
+        up_mat(D, &l->sh_gate, "ffn_gate_shexp", il, &rc);
+        up_mat(D, &l->sh_up, "ffn_up_shexp", il, &rc);
+        up_mat(D, &l->sh_down, "ffn_down_shexp", il, &rc);
+        dl->sh_inp_gate = up_vec(D, l->sh_inp_gate, (size_t)E, &rc);
+        if (l->exp_down.scale) {
+            float *sd = malloc((size_t)hp->n_expert * sizeof *sd);
+            if (!sd) { rc = strata_fail(STRATA_ERR_NOMEM, "device forward: no memory"); break; }
+            for (int64_t e = 0; e < hp->n_expert; e++) sd[e] = mdl_mat_scale(&l->exp_down, e);
+            dl->exp_down_scale = up_vec(D, sd, (size_t)hp->n_expert, &rc);
+            free(sd);
+        }
+        if (l->has_ple) {
+            up_mat(D, &l->ple_key, "ple key", il, &rc);
+            up_mat(D, &l->ple_value, "ple value", il, &rc);
+            dl->ple_norm_key = up_vec(D, l->ple_norm_key, (size_t)W, &rc);
+            dl->ple_norm_query = up_vec(D, l->ple_norm_query, (size_t)W, &rc);
+            dl->ple_norm_conv = up_vec(D, l->ple_norm_conv, (size_t)W, &rc);
+            dl->ple_conv = up_vec(D, l->ple_conv, (size_t)(W * hp->ple_kp), &rc);
+        }
     }
     D->out_hc_norm = up_vec(D, m->out_hc_norm, (size_t)W, &rc);
     up_mat(D, &m->out_hc_down, "output hc_down", -1, &rc);
     up_mat(D, &m->out_hc_up, "output hc_up", -1, &rc);
     up_mat(D, &m->output, "output", -1, &rc);
+    if (hp->n_mtp) {
+        D->mtp_enorm = up_vec(D, m->mtp_enorm, (size_t)E, &rc);
+        D->mtp_hnorm = up_vec(D, m->mtp_hnorm, (size_t)W, &rc);
+        D->mtp_head_norm = up_vec(D, m->mtp_head_norm, (size_t)W, &rc);
+        up_mat(D, &m->mtp_eh_proj, "MTP eh_proj", hp->n_layer, &rc);
+        up_mat(D, &m->mtp_head_down, "MTP hc_head down", hp->n_layer, &rc);
+        up_mat(D, &m->mtp_head_up, "MTP hc_head up", hp->n_layer, &rc);
+    }
     if (rc) goto fail;
     {
         /* the plan: the cap (--vram-gib, else what is free), less weights, one session's state at n_ctx,

@@ -418,8 +418,7 @@ static strata_status batch_eval(const strata_batch_seq *seqs, int32_t n) {
         wd->layer = -1;
         strata_session *s0 = q[0].s;
         if (m->dk)
-            rc = n > 1 ? mdl_forward_dev(q, nq, buf, buf + r * W, buf + r * (W + E))
-                       : mdl_forward_dev(q, nq, s0->X, s0->u, s0->y);
+            rc = n > 1 ? mdl_forward_dev(q, nq, buf, buf + r * W) : mdl_forward_dev(q, nq, s0->X, s0->u);
         else
             rc = n > 1 ? forward(q, nq, buf, buf + r * W, buf + r * (W + E), buf + r * (W + 2 * E))
                        : forward(q, nq, s0->X, s0->u, s0->y, s0->c);

@@ -153,6 +153,7 @@ struct strata_model {
     const struct mdl_dk *dk;   /* the dense forward's device (device/dense.h); NULL: the C forward */
     struct mdl_dense *dense;   /* its weights, stream and plan (fwd_dev.c) */
     char device_log[1024];     /* strata_model_device_log */
+    uint64_t dense_h2d, dense_d2h;   /* bytes the device forward copied up / down (atomics; fwd_dev.c) */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
     uint64_t trace_window;
@@ -180,8 +181,7 @@ struct strata_session {
     int64_t n_ctx;
     mdl_layer_state *ls;       /* [n_ls] = [hp.n_layer + hp.n_mtp] (state.c) */
     int32_t n_ls;              /* kept here: release must not read the model (it may be gone first) */
-    const struct mdl_dk *dk;   /* m->dk, kept here for the same reason: layers [0, n_trunk) hold device state */
-    int32_t n_trunk;
+    const struct mdl_dk *dk;   /* m->dk, kept here for the same reason: the layers' state is its memory */
     float *ple_conv;           /* [(Kp-1)*n][hc*E] last normalised gated values, oldest first */
     int32_t ple_ctx[MDL_MAX_NGRAM];  /* last n-1 ids, oldest first */
     strata_ple_stats ple_stats[2];   /* [0] prefill, [1] decode steps; owned by the session's thread */
@@ -263,11 +263,26 @@ strata_status mdl_qsa_multi(strata_session *const *ss, const int64_t *Ls, int n,
 strata_status mdl_qsa_at(strata_session *s, int il, mdl_layer_state *st, int64_t p0, const float *u, int64_t L,
                          float *y);
 strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y);
+/* The device forward's part of the MoE on the host: the routed experts of L rows of u (host) with the
+ * device's routing pick / pw [L x K], through the offload engine and the CPU pool as mdl_moe runs them;
+ * their output rows in slot order (mdl_route_group's, [L*K x E]) to out, skip [Ne] marks the skipped
+ * experts (their rows are not written). The shared expert and the merge are the caller's. */
+typedef struct {
+    const int32_t *pick;
+    const float *pw;
+    float *out;
+    int8_t *skip;
+} mdl_moe_ext;
+strata_status mdl_moe_experts(strata_session *s, int il, const float *u, int64_t L, const mdl_moe_ext *ext);
 /* Adds PLE(X) to the streams of n sequences' tokens: sequence i's ids[i][0..Ls[i]) at its rows of
  * X[sum Ls x hc*E], one after the other. One gather serves them all; the key and value products run
  * over all the rows; the gate and conv on each one's own state. */
 strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n, int il,
                       float *X);
+/* The same on the dense device (fwd_dev.c): dX [sum Ls x hc*E] the streams in m->dk's memory, the sessions'
+ * ple_conv (and slots) there too; only the gathered packed rows are copied up. */
+strata_status mdl_ple_dev(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n, int il,
+                          float *dX);
 /* Optional: hands the step's n-gram gather to the PLE worker early (call it before layer 0 so
  * the gather overlaps it); mdl_ple submits itself when this was not called. */
 strata_status mdl_ple_submit(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n);
@@ -327,15 +342,17 @@ strata_status mdl_step_begin(const mdl_fwd_seq *q, int n, strata_session *const 
  * checks the one asked for) and writes device_log. m->dk stays NULL on the CPU. */
 strata_status mdl_dense_open(strata_model *m);
 void mdl_dense_close(strata_model *m);
-/* One step of n sequences on the device: the C forward's contract (model.c forward); X [R x hc*E], u, y
- * [R x E] are host buffers the step stages through (the PLE layer's streams, the MoE's input and output). */
-strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u, float *y);
+/* One step of n sequences on the device: the C forward's contract (model.c forward); X [R x hc*E] and u
+ * [R x E] are host buffers the step stages through (the embeddings, the MoE's input). */
+strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u);
 void mdl_dense_session_free(strata_session *s);
+/* The bytes of dense weights and vectors uploaded at load (0 on the C forward). */
+uint64_t mdl_dense_weight_bytes(const strata_model *m);
 /* The device bytes of one session's state at n tokens (the trunk's GDN and QSA layers). */
 uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens);
 
-/* state.c: the memory of layer il's state — the dense device's for the trunk's layers when the forward runs
- * there, else the heap (dk NULL). Zeroed allocation; copies of `kind` DK_* (memcpy on the heap). */
+/* state.c: the memory of layer il's state — the dense device's when the forward runs there (the MTP block's
+ * too), else the heap (dk NULL). Zeroed allocation; copies of `kind` DK_* (memcpy on the heap). */
 const struct mdl_dk *mdl_state_dk(const strata_session *s, int il);
 void *mdl_st_calloc(const struct mdl_dk *dk, size_t bytes);
 void mdl_st_free(const struct mdl_dk *dk, void *p);

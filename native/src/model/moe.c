@@ -194,7 +194,9 @@ static double now_s(void) {
 }
 
 
-strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y) {
+/* The layer: y given (ext NULL), or for the device forward (ext): the routing taken from ext, the routed
+ * experts only (the device runs the shared expert and the merge), their rows and skip marks to ext. */
+static strata_status moe_run(strata_session *s, int il, const float *u, int64_t L, float *y, const mdl_moe_ext *ext) {
     strata_model *m = s->m;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
@@ -209,7 +211,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     float *xg = malloc((size_t)(L * K * E) * sizeof(float));
     float *gu = malloc((size_t)(L * K * 2 * Fe + 2 * L * Fs) * sizeof(float));
     float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
-    float *out = malloc((size_t)(L * K * E + L * E) * sizeof(float));
+    /* the experts' rows, then the shared expert's (the device forward's: its buffer, no shared rows) */
+    float *out = ext ? ext->out : malloc((size_t)(L * K * E + L * E) * sizeof(float));
     strata_mm_item *mm = NULL;
     off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
@@ -223,8 +226,13 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }
-    if ((rc = mdl_matmul(m, &l->router, 0, u, L, logits))) goto done;
-    mdl_route(logits, L, Ne, K, pick, pw);
+    if (ext) {
+        memcpy(pick, ext->pick, (size_t)(L * K) * sizeof *pick);
+        memcpy(pw, ext->pw, (size_t)(L * K) * sizeof *pw);
+    } else {
+        if ((rc = mdl_matmul(m, &l->router, 0, u, L, logits))) goto done;
+        mdl_route(logits, L, Ne, K, pick, pw);
+    }
     {
         int64_t *fill = malloc((size_t)Ne * sizeof(int64_t));
         if (!fill) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
@@ -242,7 +250,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         tok[i] = slot[i] / K;
         memcpy(xg + i * E, u + tok[i] * E, (size_t)E * sizeof(float));
     }
-    float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = out + L * K * E;
+    float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = ext ? NULL : out + L * K * E;
     /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool. It
      * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
     const int trunk = il < hp->n_layer;
@@ -309,9 +317,11 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
             if (xptr) mm[nm_ - 1].w = xptr[xidx[e] * XS_MAX_PARTS + 1];
         }
     }
-    mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
-    mm[nm_++] = item(&l->sh_up, 0, u, L, su);
-    if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done; /* GEMM or dot products per item (gemm.c) */
+    if (!ext) {
+        mm[nm_++] = item(&l->sh_gate, 0, u, L, sg);
+        mm[nm_++] = item(&l->sh_up, 0, u, L, su);
+    }
+    if (nm_ && (rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done; /* GEMM or dot products per item (gemm.c) */
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
         if (!n || (kind && kind[e] != OFF_CPU)) continue;
@@ -319,7 +329,7 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         mdl_moe_glu(gu + r0 * 2 * Fe, n, Fe, l->exp_fused, s1, s2, hb + r0 * Fe);
     }
     /* the shared expert's [gate rows; up rows] (su follows sg) are the split layout */
-    mdl_moe_glu(sg, L, Fs, 0, mdl_mat_scale(&l->sh_gate, 0), mdl_mat_scale(&l->sh_up, 0), shb);
+    if (!ext) mdl_moe_glu(sg, L, Fs, 0, mdl_mat_scale(&l->sh_gate, 0), mdl_mat_scale(&l->sh_up, 0), shb);
     nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
         const int64_t n = count[e + 1] - count[e], r0 = count[e];
@@ -327,8 +337,8 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
         mm[nm_++] = item(&l->exp_down, e, hb + r0 * Fe, n, out + r0 * E);
         if (xptr) mm[nm_ - 1].w = xptr[xidx[e] * XS_MAX_PARTS + (l->exp_fused ? 1 : 2)];
     }
-    mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
-    if ((rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done;
+    if (!ext) mm[nm_++] = item(&l->sh_down, 0, shb, L, sho);
+    if (nm_ && (rc = strata_mm_multi_auto(m->pool, m->isa, mm, nm_))) goto done;
     /* the skipped groups, in this call's memory: plan->kind is the engine's and is reused by the
      * next plan (another session's) once off_finish unlocks */
     int8_t *skipped = (int8_t *)(count + Ne + 1);
@@ -341,6 +351,10 @@ strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, floa
     }
     /* after off_finish: it waited for the device's copies out of the RAM slots */
     if (xs_held) { xs_release(m->xs); xs_held = 0; }
+    if (ext) {   /* the device merges */
+        memcpy(ext->skip, skipped, (size_t)Ne);
+        goto done;
+    }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */
     mdl_moe_combine(&l->exp_down, &l->sh_down, l->sh_inp_gate, u, L, E, Ne, K, count, slot, skipped, pw, out, sho,
                     y);
@@ -350,7 +364,16 @@ done:
         (void)off_finish(plan, 0.0, 0, 0);
     }
     if (xs_held) xs_release(m->xs);
-    free(logits); free(pick); free(pw); free(count); free(slot); free(tok); free(xg); free(gu); free(hb); free(out); free(mm);
+    free(logits); free(pick); free(pw); free(count); free(slot); free(tok); free(xg); free(gu); free(hb); free(mm);
+    if (!ext) free(out);
     free(xidx); free(xptr); free(xsrc);
     return rc;
+}
+
+strata_status mdl_moe(strata_session *s, int il, const float *u, int64_t L, float *y) {
+    return moe_run(s, il, u, L, y, NULL);
+}
+
+strata_status mdl_moe_experts(strata_session *s, int il, const float *u, int64_t L, const mdl_moe_ext *ext) {
+    return moe_run(s, il, u, L, NULL, ext);
 }

@@ -27,6 +27,7 @@
  * the MTP cache's rows from pos0 on are undefined until a call rewrites them.
  */
 #include "model.h"
+#include "fwd_dev.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +143,8 @@ strata_status strata_session_mtp(strata_session *s, const float *hidden, const i
             lo = logits;
             co = chain;
         }
-        rc = mtp_step(s, hidden + i0 * W, ids + i0, L, pos0 + i0, row0, lo, co, X, in2, u, y, c);
+        rc = s->dk ? mdl_mtp_step_dev(s, hidden + i0 * W, ids + i0, L, pos0 + i0, row0, lo, co, y, u)
+                   : mtp_step(s, hidden + i0 * W, ids + i0, L, pos0 + i0, row0, lo, co, X, in2, u, y, c);
     }
 done:
     free(X); free(in2); free(u); free(y); free(c);

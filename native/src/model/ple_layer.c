@@ -17,14 +17,20 @@
  * and the gather run on the PLE worker (ple/ple.h: access modes, prefetch, the sequence-number
  * handshake); only packed rows come back, and the cpu device dequantizes them here, on the model
  * thread, with the same row functions as before, so the numbers do not depend on the mode.
+ *
+ * On the dense device (mdl_ple_dev, the device forward's PLE layer): the same worker gathers, and only
+ * the packed rows (and, for the packed NVFP4 table, their row ids) are copied up; the dequantization, the
+ * products, the gate and the conv run on the device (kernels/cuda/ple.cuh), on each session's conv
+ * history in the device's memory (state.c allocates s->ple_conv there when the session's s->dk is set).
  */
-#include "model.h"
+#include "fwd_dev.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/ple.h"
 #include "ple/ple.h"
 #include "util/error.h"
 
@@ -48,6 +54,11 @@ struct mdl_ple_engine {
     int external;               /* packed NVFP4 rows; else rows of m->ple_table_t */
     float *gscale;              /* packed NVFP4: weight_scale_2 of each shard */
     int64_t n_shard, shard_rows;/* rows of every shard but the last (which may be shorter) */
+    /* gscale [n_shard] in the dense device's memory: uploaded by the first mdl_ple_dev (under the worker's
+     * channel, so one thread does it), freed at close with the table it came from: mdl_ple_close runs after
+     * mdl_dense_close has cleared m->dk, and the device tables are static, so the pointer stays valid */
+    float *dgscale;
+    const mdl_dk *dgscale_dk;
 };
 
 /* ---------------------------------------------------------------- binding */
@@ -226,6 +237,7 @@ void mdl_ple_close(strata_model *m) {
     if (!e) return;
     ple_worker_stop(&e->worker);
     ple_table_close(&e->table);
+    if (e->dgscale) e->dgscale_dk->free(e->dgscale);
     free(e->gscale);
     free(e);
     m->ple = NULL;
@@ -506,6 +518,124 @@ strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, cons
 done:
     free(emb); free(key); free(val); free(gv); free(ext); free(qry);
     return rc;
+}
+
+/* ---------------------------------------------------------------- the layer on the dense device */
+
+/* The step's work buffers (fwd_dev.h B_PLE_*), taken before the wait so the worker's gather overlaps any
+ * growth: packed rows, their row ids (packed NVFP4 table), emb [R][E], key [R][W], val [R][E], and one
+ * sequence's gv [Lmax][W] and ext [hist + Lmax][W]. */
+typedef struct { uint8_t *rows; uint64_t *ids; float *emb, *key, *val, *gv, *ext; } ple_dbufs;
+
+static strata_status ple_dbufs_take(strata_session *s, int64_t R, int64_t Lmax, int external, ple_dbufs *b) {
+    const strata_model *m = s->m;
+    const mdl_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, W = hp->hc * E, hist = (int64_t)(hp->ple_kp - 1) * hp->ple_n;
+    const int64_t NH = (int64_t)(hp->ple_n - 1) * hp->ple_heads_per;
+    strata_status rc;
+    memset(b, 0, sizeof *b);
+    DBUF(s, B_PLE_ROWS, uint8_t, (size_t)(R * NH) * m->ple_table_row, b->rows);
+    if (external) DBUF(s, B_PLE_IDS, uint64_t, R * NH, b->ids);
+    DBUF(s, B_PLE_EMB, float, R * E, b->emb);
+    DBUF(s, B_PLE_KEY, float, R * W, b->key);
+    DBUF(s, B_PLE_VAL, float, R * E, b->val);
+    DBUF(s, B_PLE_GV, float, Lmax * W, b->gv);
+    DBUF(s, B_PLE_EXT, float, (hist + Lmax) * W, b->ext);
+    return STRATA_OK;
+}
+
+strata_status mdl_ple_dev(strata_session *const *ss, const int32_t *const *ids, const int64_t *Ls, int n, int il,
+                          float *dX) {
+    strata_session *s0 = ss[0];
+    const strata_model *m = s0->m;
+    const mdl_dk *dk = m->dk;
+    const mdl_hparams *hp = &m->hp;
+    const mdl_layer *l = &m->layers[il];
+    const dlayer *dl = &m->dense->layers[il];
+    struct mdl_ple_engine *pe = m->ple;
+    const int64_t E = hp->n_embd, hc = hp->hc, W = hc * E, Kp = hp->ple_kp, ng = hp->ple_n;
+    const int64_t NH = (ng - 1) * hp->ple_heads_per, dP = hp->ple_row_dim, hist = (Kp - 1) * ng;
+    int64_t R = 0, Lmax = 0;
+    for (int i = 0; i < n; i++) {
+        R += Ls[i];
+        if (Ls[i] > Lmax) Lmax = Ls[i];
+    }
+    strata_status rc = STRATA_OK;
+    if (!(pending.s == s0 && pending.n == n && pending.R == R) && (rc = mdl_ple_submit(ss, ids, Ls, n))) return rc;
+    const uint64_t seq = pending.seq;
+    pending.s = NULL;
+    /* from here the channel is this thread's until ple_release: every path below releases it once */
+    ple_dbufs b;
+    strata_ple_stats all;
+    memset(&all, 0, sizeof all);
+    if ((rc = ple_dbufs_take(s0, R, Lmax, pe->external, &b))) {
+        ple_release(&pe->worker, s0);   /* not waited for: the next submit waits for the worker (ple.h) */
+        return rc;
+    }
+    if (pe->external && !pe->dgscale) {   /* the shard scales, once (the channel keeps other threads out); like
+                                           * the weights uploaded at load, not counted as a step's traffic */
+        float *g = dk->alloc((size_t)pe->n_shard * sizeof(float));
+        if (!g) {
+            ple_release(&pe->worker, s0);
+            return strata_fail(STRATA_ERR_NOMEM, "PLE layer %d: the %s device has no room for the table's %lld "
+                               "shard scales", il, dk->name, (long long)pe->n_shard);
+        }
+        if ((rc = dk->copy(g, pe->gscale, (size_t)pe->n_shard * sizeof(float), DK_H2D, NULL))) {
+            dk->free(g);
+            ple_release(&pe->worker, s0);
+            return rc;
+        }
+        pe->dgscale = g;
+        pe->dgscale_dk = dk;
+    }
+    /* page-locked staging, so that the copy up is queued behind the layers before this one without waiting
+     * for them (a copy from pageable memory would wait for the stream first) */
+    const size_t rows_b = (size_t)(R * NH) * m->ple_table_row, ids_b = pe->external ? (size_t)(R * NH) * 8 : 0;
+    char *hs = NULL;
+    rc = mdl_dhost(s0, H_PLE, rows_b + ids_b, (void **)&hs);
+    if (!rc) rc = ple_wait(&pe->worker, seq, &all.wait_s);
+    if (!rc) {
+        add_result(&all, &pe->worker, R);
+        /* seed 003's handshake: the worker publishes seq once its rows are in its buffer; the buffer is free
+         * again once they are in the staging. Only the packed rows cross (t-major, head-minor, as the worker
+         * laid them), and their table ids when the shard scale depends on them. */
+        const double t0 = ple_now();
+        memcpy(hs, pe->worker.buf, rows_b);
+        if (ids_b) memcpy(hs + rows_b, pe->worker.rows, ids_b);
+        all.copy_s += ple_now() - t0;
+    }
+    ple_release(&pe->worker, s0);
+    if (!rc) rc = mdl_dcopy(s0, b.rows, hs, rows_b, DK_H2D);
+    if (!rc && ids_b) rc = mdl_dcopy(s0, b.ids, hs + rows_b, ids_b, DK_H2D);
+    if (rc) return rc;
+    {
+        /* a launch: the time is the host's side of it (the kernel runs in order after the copies) */
+        const double t0 = ple_now();
+        rc = dk->ple_dequant(pe->external ? PLE_CUDA_ROWS_NVFP4_PACKED : m->ple_table_t->type, b.rows,
+                             m->ple_table_row, R * NH, dP, b.ids, pe->dgscale, pe->n_shard, pe->shard_rows, b.emb,
+                             NULL);
+        all.dequant_s += ple_now() - t0;
+        if (rc) return rc;
+    }
+    for (int64_t i = 0, t0 = 0; i < n; t0 += Ls[i], i++) {
+        add_share(&ss[i]->ple_stats[Ls[i] > 1 ? 0 : 1], &all, (uint64_t)t0, (uint64_t)(t0 + Ls[i]), (uint64_t)R);
+        ple_advance(ss[i], ids[i], Ls[i]);
+    }
+    /* emb [R*NH][dP] as the kernel writes it is mdl_ple_dequant's [R][E] (NH*dP = E: load.c checks it).
+     * The products over every sequence's rows at once; the gate and conv on each one's own history. */
+    if ((rc = mdl_dmatmul(s0, &l->ple_key, b.emb, R, b.key))) return rc;
+    if ((rc = mdl_dmatmul(s0, &l->ple_value, b.emb, R, b.val))) return rc;
+    if ((rc = dk->ple_key_norm(b.key, dl->ple_norm_key, R, hc, E, hp->eps, NULL))) return rc;
+    for (int64_t i = 0, r = 0; i < n; r += Ls[i], i++) {
+        strata_session *s = ss[i];
+        if ((rc = dk->ple_gate(dX + r * W, b.key + r * W, b.val + r * E, dl->ple_norm_query, dl->ple_norm_conv, Ls[i],
+                               hc, E, hp->eps, b.gv, b.ext + hist * W, NULL)))
+            return rc;
+        if ((rc = dk->ple_conv(dX + r * W, b.gv, b.ext, dl->ple_conv, Ls[i], W, Kp, ng, s->ple_conv,
+                               mdl_spec_active(s) ? s->ple_conv_slots : NULL, NULL)))
+            return rc;
+    }
+    return STRATA_OK;
 }
 
 /* ---------------------------------------------------------------- read-ahead and bare gathers */

@@ -54,7 +54,7 @@ static void free_slots(strata_session *s) {
         mdl_st_free(mdl_state_dk(s, il), s->ls[il].conv_slots);
         s->ls[il].S_slots = s->ls[il].conv_slots = NULL;
     }
-    free(s->ple_conv_slots);
+    mdl_st_free(s->dk, s->ple_conv_slots);   /* mdl_state_dk's memory for the PLE layer */
     free(s->ple_ctx_slots);
     s->ple_conv_slots = NULL;
     s->ple_ctx_slots = NULL;
@@ -84,7 +84,8 @@ strata_status strata_session_set_spec_max(strata_session *s, int32_t n_max) {
         if (!st->S_slots || !st->conv_slots) goto nomem;
     }
     if (h->ple_layer >= 0) {
-        s->ple_conv_slots = malloc((size_t)n_max * ple_conv_floats(h) * sizeof(float) + 1);
+        s->ple_conv_slots =
+            mdl_st_calloc(mdl_state_dk(s, h->ple_layer), (size_t)n_max * ple_conv_floats(h) * sizeof(float) + 1);
         s->ple_ctx_slots = malloc((size_t)n_max * MDL_MAX_NGRAM * sizeof(int32_t));
         bytes += (uint64_t)n_max * ple_conv_floats(h) * sizeof(float);
         if (!s->ple_conv_slots || !s->ple_ctx_slots) goto nomem;
@@ -119,11 +120,12 @@ strata_status strata_session_rollback(strata_session *s, int64_t n_past) {
             rc = mdl_st_copy(dk, st->conv, st->conv_slots + (size_t)t * gdn_conv_floats(h),
                              gdn_conv_floats(h) * sizeof(float), DK_D2D);
     }
+    if (!rc && h->ple_layer >= 0)
+        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), s->ple_conv, s->ple_conv_slots + (size_t)t * ple_conv_floats(h),
+                         ple_conv_floats(h) * sizeof(float), DK_D2D);
     if (rc) return rc;
-    if (h->ple_layer >= 0) {
-        memcpy(s->ple_conv, s->ple_conv_slots + (size_t)t * ple_conv_floats(h), ple_conv_floats(h) * sizeof(float));
+    if (h->ple_layer >= 0)   /* the ids stay on the host (the gather worker hashes them there) */
         memcpy(s->ple_ctx, s->ple_ctx_slots + (size_t)t * MDL_MAX_NGRAM, MDL_MAX_NGRAM * sizeof(int32_t));
-    }
     trim_blocks(s, n_past);
     s->n_past = n_past;
     return STRATA_OK;
@@ -174,14 +176,14 @@ strata_status strata_session_checkpoint(strata_session *s, strata_checkpoint **o
         if (!rc) rc = mdl_st_copy(dk, p + gdn_S_floats(h), s->ls[il].conv, gdn_conv_floats(h) * sizeof(float), DK_D2H);
         p += per;
     }
+    if (!rc && h->ple_layer >= 0)
+        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), c->ple_conv, s->ple_conv, ple_conv_floats(h) * sizeof(float),
+                         DK_D2H);
     if (rc) {
         strata_checkpoint_free(c);
         return rc;
     }
-    if (h->ple_layer >= 0) {
-        memcpy(c->ple_conv, s->ple_conv, ple_conv_floats(h) * sizeof(float));
-        memcpy(c->ple_ctx, s->ple_ctx, sizeof c->ple_ctx);
-    }
+    if (h->ple_layer >= 0) memcpy(c->ple_ctx, s->ple_ctx, sizeof c->ple_ctx);
     c->bytes = sizeof *c + (uint64_t)s->n_past * sizeof(int32_t) + (uint64_t)(n_gdn * per) * sizeof(float) +
                (h->ple_layer >= 0 ? (uint64_t)ple_conv_floats(h) * sizeof(float) : 0);
     *out = c;
@@ -207,11 +209,11 @@ strata_status strata_session_restore(strata_session *s, const strata_checkpoint 
         if (!rc) rc = mdl_st_copy(dk, s->ls[il].conv, p + gdn_S_floats(h), gdn_conv_floats(h) * sizeof(float), DK_H2D);
         p += per;
     }
+    if (!rc && h->ple_layer >= 0)
+        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), s->ple_conv, c->ple_conv, ple_conv_floats(h) * sizeof(float),
+                         DK_H2D);
     if (rc) return rc;
-    if (h->ple_layer >= 0) {
-        memcpy(s->ple_conv, c->ple_conv, ple_conv_floats(h) * sizeof(float));
-        memcpy(s->ple_ctx, c->ple_ctx, sizeof c->ple_ctx);
-    }
+    if (h->ple_layer >= 0) memcpy(s->ple_ctx, c->ple_ctx, sizeof c->ple_ctx);
     trim_blocks(s, c->n_past);
     for (int il = 0; il < s->n_ls; il++) s->ls[il].n_open = 0;
     s->gdn_continues = 0;

@@ -45,7 +45,8 @@ enum { STATE_CHUNK = 256 };   /* tokens of cache a session grows by, at least */
 static size_t blk_rows(int32_t r, int64_t n) { return r > 0 ? (size_t)(n / r + 1) : 1; }
 
 const mdl_dk *mdl_state_dk(const strata_session *s, int il) {
-    return il < s->n_trunk ? s->dk : NULL;   /* the MTP block's cache stays with the host's head */
+    (void)il;   /* every layer's, the MTP block's too: the head runs on the device with the forward */
+    return s->dk;
 }
 
 void *mdl_st_calloc(const mdl_dk *dk, size_t bytes) {
@@ -149,7 +150,6 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     s->n_ctx = m->params.n_ctx;
     s->spec_start = -1;
     s->dk = m->dk;
-    s->n_trunk = h->n_layer;
     s->ls = calloc((size_t)(h->n_layer + h->n_mtp), sizeof *s->ls);
     if (!s->ls) goto nomem;
     s->n_ls = h->n_layer + h->n_mtp;
@@ -164,8 +164,9 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
             if (!st->conv || !st->S) goto nomem;
         }
     }
-    if (h->ple_layer >= 0) {
-        s->ple_conv = calloc((size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd + 1, sizeof(float));
+    if (h->ple_layer >= 0) {   /* the PLE conv history: the device's memory when the layer runs there */
+        const size_t hist = (size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd;
+        s->ple_conv = mdl_st_calloc(mdl_state_dk(s, h->ple_layer), (hist + 1) * sizeof(float));
         if (!s->ple_conv) goto nomem;
     }
     s->cap = m->params.n_ubatch;
@@ -200,7 +201,8 @@ void mdl_session_release(strata_session *s) {
     free(s->ls);
     s->ls = NULL;
     s->n_ls = 0;
-    free(s->ple_conv); free(s->X); free(s->u); free(s->y); free(s->c);
+    mdl_st_free(s->dk, s->ple_conv);   /* mdl_state_dk's memory for the PLE layer (release reads no model) */
+    free(s->X); free(s->u); free(s->y); free(s->c);
     s->ple_conv = s->X = s->u = s->y = s->c = NULL;
 }
 
@@ -230,7 +232,11 @@ void mdl_session_clear(strata_session *s) {
         }
     }
     if (h->ple_layer >= 0) {
-        memset(s->ple_conv, 0, (size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd * sizeof(float));
+        const size_t ple_b = (size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd *
+                             sizeof(float);
+        const mdl_dk *dk = mdl_state_dk(s, h->ple_layer);
+        if (dk) (void)dk->zero(s->ple_conv, ple_b, NULL);   /* as the GDN's: a failure shows at the next eval */
+        else memset(s->ple_conv, 0, ple_b);
         for (int i = 0; i < h->ple_n - 1; i++) s->ple_ctx[i] = (int32_t)h->ple_eos;
     }
     s->n_past = 0;

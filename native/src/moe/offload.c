@@ -626,7 +626,7 @@ void off_get_stats(off_engine *o, strata_offload_stats *out) {
     out->windows = o->windows;
     out->prefill_chunks = o->stream_chunks;
     out->borrowed_slots = o->borrow_total;
-    if (o->dev) mdev_counters(o->dev, &out->copy_bytes, &out->copy_s, &out->device_s);
+    if (o->dev) mdev_counters(o->dev, &out->copy_bytes, &out->act_bytes, &out->copy_s, &out->device_s);
     pthread_mutex_unlock(&o->mu);
 }
 

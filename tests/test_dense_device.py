@@ -199,13 +199,33 @@ def test_every_byte_over_the_link_is_counted(tiny):
         s.eval([3])
         b = m.offload_stats()
         assert a["dense_weight_bytes"] > 0
-        up = hc * E * 4 + n_moe * (K * E * 4 + Ne)              # the skip marks are bytes
-        up += ple_rows * ple_model_info(m)["row_bytes"]
+        assert b["cache_group_hits"] - a["cache_group_hits"] == n_moe * K   # every expert resident
+        # the experts ran on the device from its own memory: no row of theirs crossed (only the skip marks)
+        up = hc * E * 4 + n_moe * Ne + ple_rows * ple_model_info(m)["row_bytes"]
         down = (n_moe * (E + 2 * K) + m.n_vocab) * 4
         assert b["dense_h2d_bytes"] - a["dense_h2d_bytes"] == up
         assert b["dense_d2h_bytes"] - a["dense_d2h_bytes"] == down
-        # the expert device's rows: every resident group's input up and output down
-        assert b["act_bytes"] - a["act_bytes"] == 2 * 4 * E * (b["cache_group_lookups"] - a["cache_group_lookups"])
+        assert b["act_bytes"] == a["act_bytes"]
+    with Model(tiny["q8_0"], threads=2, dense="emu", device="sim", cache_gib=0) as m:
+        s = m.session()
+        s.eval(prompt(5))
+        a = m.offload_stats()
+        s.eval([3])
+        b = m.offload_stats()
+        # no cache: every expert on the CPU pool, its rows up; pcie_frac's staged groups run on the device
+        staged = b["pcie_groups"] - a["pcie_groups"]
+        up = hc * E * 4 + n_moe * Ne + ple_rows * ple_model_info(m)["row_bytes"] + (n_moe * K - staged) * E * 4
+        assert b["dense_h2d_bytes"] - a["dense_h2d_bytes"] == up
+
+
+@pytest.mark.parametrize("recipe", ["q8_0", "iq2_xs"])
+def test_the_expert_device_shares_the_forward_memory(tiny, recipe):
+    """The sim expert device with the emu dense device: resident and staged groups read their rows from the
+    forward's memory and leave theirs there, the CPU pool's come up; at cache budgets 0 / 50 / 100 % and
+    pcie_frac 0 / 1 the logits and greedy tokens are the C forward's (tools/dense_check.py, device_check.sh's
+    models rows)."""
+    rows = dense_check.check(tiny[recipe], "emu", (0.0, 0.5, 1.0), (0.0, 1.0), 96, 24, 2)
+    assert len(rows) == 6 and all(r["pass"] for r in rows), rows
 
 
 def packed_ple_copy(src: str, out_dir: Path, n_shard: int = 3) -> str:

@@ -809,6 +809,23 @@ static void merge_ops(void) {
     }
     op_done(&op);
 
+    op = op_new("merge.gather", "-");
+    static const int64_t ga[][4] = {{1, 2560, 512, 10}, {64, 2560, 512, 10}, {5, 37, 9, 3}};   /* L, E, Ne, K */
+    for (size_t c = 0; c < sizeof ga / sizeof ga[0]; c++) {
+        seed(615 + c);
+        const int64_t L = ga[c][0], E = ga[c][1], Ne = ga[c][2], K = ga[c][3], n = L * K;
+        const int32_t *pick = h_picks(L, Ne, K);
+        int64_t *count = hmem((size_t)(Ne + 1) * 8), *slot = hmem((size_t)n * 8), *row = hmem((size_t)n * 8);
+        ran(&op, "router_group (input)", SIDE_EMU, EMU->router_group(pick, n, Ne, count, slot, row, NULL));
+        const buf bs = pair(slot, (size_t)n * 8), x = pairf(h_normal(L * E, 1.0f), L * E), xg = pairf(NULL, n * E);
+        for (int s = 0; s < 2; s++)
+            ran(&op, "merge_gather", s,
+                tab(s)->merge_gather(PF(x, s), (const int64_t *)P(bs, s), n, K, E, PF(xg, s), NULL));
+        cmp(&op, "xg", K_F32, &xg);
+        release();
+    }
+    op_done(&op);
+
     op = op_new("merge.sum", "-");
     /* L, E, Ne, K, scaled (per-expert down scales, a shared one, skipped experts) */
     static const int64_t sm[][5] = {{5, 2560, 512, 10, 1}, {5, 2560, 512, 10, 0}, {4, 37, 37, 3, 1},

@@ -20,6 +20,8 @@
 // MUTATION: kernels/cuda/merge.cuh | gu[n * F + i * F + f] | gu[F + i * F + f] | merge.glu
 // MUTATION: kernels/cuda/merge.cuh | h[v] = ops_silu(g * sg) * (u * su); | h[v] = ops_silu(g) * (u * su); | merge.glu
 // MUTATION: kernels/cuda/merge.cuh | const float *xt = x + t * E; | const float *xt = x + t; | merge.shared_gate
+// MUTATION: kernels/cuda/merge.cuh | xg[v] = x[(slot[i] / K) * E + d]; | xg[v] = x[(slot[i] % K) * E + d]; | merge.gather
+// MUTATION: kernels/cuda/emu_small.h | for (int64_t v = 0; v < n * E; v++) merge_gather_unit | for (int64_t v = 1; v < n * E; v++) merge_gather_unit | merge.gather
 // MUTATION: kernels/cuda/merge.cuh | acc += w * out[row[i] * E + d]; | acc += w * out[i * E + d]; | merge.sum
 // MUTATION: kernels/cuda/merge.cuh | if (skip && skip[e]) continue; | if (skip && skip[k]) continue; | merge.sum
 // MUTATION: kernels/cuda/merge.cuh | const float g = gate[t] * sd_sh; | const float g = gate[t]; | merge.sum
@@ -65,6 +67,7 @@ void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c);
 void mdl_route(float *logits, int64_t L, int64_t Ne, int64_t K, int32_t *pick, float *pw);
 void mdl_route_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count, int64_t *fill, int64_t *slot);
 void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, float s2, float *h);
+void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg, int64_t *tok);
 float mdl_moe_shared_gate(const float *w_seg, const float *x, int64_t E);
 void mdl_moe_combine(const mdl_mat *down, const mdl_mat *sh_down, const float *w_seg, const float *u, int64_t L,
                      int64_t E, int64_t Ne, int64_t K, const int64_t *count, const int64_t *slot, const int8_t *skipped,
@@ -488,6 +491,26 @@ static void check_merge_shared_gate(void) {
     op_end(&op);
 }
 
+static void check_merge_gather(void) {
+    op_t op = {"merge.gather", 0.0, 0};
+    seed(54);
+    static const int64_t cases[][4] = {{1, 2560, 512, 10}, {6, 64, 16, 10}, {5, 37, 9, 3}};   /* L, E, Ne, K */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t L = cases[c][0], E = cases[c][1], Ne = cases[c][2], K = cases[c][3], n = L * K;
+        int32_t *pick = random_picks(L, Ne, K);
+        int64_t *count = calloc((size_t)(Ne + 1), sizeof *count), *slot = malloc((size_t)n * sizeof *slot);
+        int64_t *fill = malloc((size_t)Ne * sizeof *fill);
+        mdl_route_group(pick, n, Ne, count, fill, slot);
+        float *u = fill_n(L * E, 1.0f);
+        float *xg = malloc((size_t)(n * E) * sizeof *xg), *ref = malloc((size_t)(n * E) * sizeof *ref);
+        CHECK(emu_merge_gather(u, slot, n, K, E, xg, NULL) == STRATA_OK);
+        mdl_moe_gather(u, slot, n, K, E, ref, NULL);
+        op_case(&op, rel_err(xg, ref, n * E), 0.0);
+        free(pick); free(count); free(slot); free(fill); free(u); free(xg); free(ref);
+    }
+    op_end(&op);
+}
+
 static void check_merge_sum(void) {
     op_t op = {"merge.sum", 0.0, 0};
     seed(53);
@@ -539,6 +562,7 @@ int main(void) {
     check_router_group();
     check_merge_glu();
     check_merge_shared_gate();
+    check_merge_gather();
     check_merge_sum();
     if (!g_failed) printf("all checks passed\n");
     return g_failed != 0;

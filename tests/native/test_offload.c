@@ -149,7 +149,7 @@ static strata_status run_step(off_engine *o, const fake_model *f, int il, int L,
     for (int i = 0; i < L * K * E; i++) s->out[i] = 1e30f;            /* sentinel: not written */
     off_plan *pl = off_begin(o, il, L, s->count, pick);
     memcpy(s->kind, pl->kind, NE);
-    strata_status rc = off_submit(pl, s->xg, s->out);
+    strata_status rc = off_submit(pl, s->xg, s->out, 0);
     const strata_status rf = off_finish(pl, 0.0, 0, 0);
     if (rc) return rc;
     if (rf) return rf;

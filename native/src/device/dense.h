@@ -98,8 +98,7 @@ typedef struct mdl_dk {
                               int64_t Hkv, int64_t hd, int64_t p0, int64_t L, const float *q, const float *qg,
                               const int32_t *sel, int64_t sel_cap, const int32_t *n_sel, float *w, int64_t w_cap,
                               float *o, void *stream);
-    /* router.h, merge.h (the MoE on the device: not used by this version's forward, which runs the MoE on
-     * the host; here for the device op runner) */
+    /* router.h, merge.h */
     strata_status (*router_topk)(float *lg, int64_t L, int64_t Ne, int64_t K, int32_t *pick, float *pw, void *stream);
     strata_status (*router_group)(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count, int64_t *slot,
                                   int64_t *row, void *stream);
@@ -107,10 +106,12 @@ typedef struct mdl_dk {
                                void *stream);
     strata_status (*merge_shared_gate)(const float *w_seg, const float *x, int64_t L, int64_t E, float *gate,
                                        void *stream);
+    strata_status (*merge_gather)(const float *x, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg,
+                                  void *stream);
     strata_status (*merge_sum)(const int32_t *pick, const float *pw, const float *sd, const int8_t *skip,
                                const int64_t *row, const float *out, const float *gate, float sd_sh, const float *sho,
                                int64_t L, int64_t E, int64_t K, float *y, void *stream);
-    /* ple.h, mtp.h (likewise) */
+    /* ple.h, mtp.h */
     strata_status (*ple_dequant)(int fmt, const uint8_t *rows, size_t row_bytes, int64_t n_rows, int64_t dP,
                                  const uint64_t *row_ids, const float *gscale, int64_t n_shard, int64_t shard_rows,
                                  float *emb, void *stream);

@@ -105,7 +105,7 @@ static mdl_dk make_table(void) {
     t.qsa_store = qsa_cuda_store; t.qsa_idx_store = qsa_cuda_idx_store; t.qsa_blk_pool = qsa_cuda_blk_pool;
     t.qsa_index = qsa_cuda_index; t.qsa_select = qsa_cuda_select; t.qsa_attn = qsa_cuda_attn;
     t.router_topk = cuk_router_topk; t.router_group = cuk_router_group; t.merge_glu = cuk_merge_glu;
-    t.merge_shared_gate = cuk_merge_shared_gate; t.merge_sum = cuk_merge_sum;
+    t.merge_shared_gate = cuk_merge_shared_gate; t.merge_gather = cuk_merge_gather; t.merge_sum = cuk_merge_sum;
     t.ple_dequant = ple_cuda_dequant; t.ple_key_norm = ple_cuda_key_norm; t.ple_gate = ple_cuda_gate;
     t.ple_conv = ple_cuda_conv; t.mtp_norm_concat = mtp_cuda_norm_concat;
     return t;

@@ -59,7 +59,7 @@ static const mdl_dk EMU = {
     .qsa_store = emu_qsa_store, .qsa_idx_store = emu_qsa_idx_store, .qsa_blk_pool = emu_qsa_blk_pool,
     .qsa_index = emu_qsa_index, .qsa_select = emu_qsa_select, .qsa_attn = emu_qsa_attn,
     .router_topk = emu_router_topk, .router_group = emu_router_group, .merge_glu = emu_merge_glu,
-    .merge_shared_gate = emu_merge_shared_gate, .merge_sum = emu_merge_sum,
+    .merge_shared_gate = emu_merge_shared_gate, .merge_gather = emu_merge_gather, .merge_sum = emu_merge_sum,
     .ple_dequant = emu_ple_dequant, .ple_key_norm = emu_ple_key_norm, .ple_gate = emu_ple_gate,
     .ple_conv = emu_ple_conv, .mtp_norm_concat = emu_mtp_norm_concat,
 };

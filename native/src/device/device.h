@@ -44,8 +44,10 @@ typedef struct {
     size_t gate_bytes, up_bytes, down_bytes;
 } mdev_expert_shape;
 
-/* One expert computation: n token rows x (host) -> out[n x E] = down(silu(gate x · sg) ⊙ (up x · su)),
- * not yet multiplied by the down scale or the routing weights (the merge does that). */
+/* One expert computation: n token rows x -> out[n x E] = down(silu(gate x · sg) ⊙ (up x · su)), not yet
+ * multiplied by the down scale or the routing weights (the merge does that). x and out are host memory, or
+ * with dev_io the device's own (the dense forward's buffers on the same GPU, or host memory for sim): then
+ * no row crosses the link. */
 typedef struct {
     const mdev_expert_shape *shape;
     int32_t slot;
@@ -53,6 +55,7 @@ typedef struct {
     const float *x;
     int64_t n;
     float *out;
+    int dev_io;
 } mdev_group;
 
 typedef struct {

@@ -170,7 +170,10 @@ extern "C" strata_status cudev_ffn(cudev *c, const mdev_group *g) {
     if (e) return cu_fail(e, "scratch memory");
     cudaStream_t st = c->s_comp;
     const char *blob = c->dmem + (size_t)g->slot * c->slot_bytes;
-    if ((e = cudaMemcpyAsync(c->dx, g->x, (size_t)(n * E) * sizeof(float), cudaMemcpyHostToDevice, st)))
+    // the rows in from the host, or (dev_io) from the dense forward's buffer on this GPU: a copy either way, as
+    // the activation rounding below works in place
+    const cudaMemcpyKind in = g->dev_io ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    if ((e = cudaMemcpyAsync(c->dx, g->x, (size_t)(n * E) * sizeof(float), in, st)))
         return cu_fail(e, "copy of the activations");
     // every matrix of one shape reads the same activation format for gate and up
     launch_act(st, s->tg, c->dx, n, E);
@@ -179,7 +182,7 @@ extern "C" strata_status cudev_ffn(cudev *c, const mdev_group *g) {
     } else {
         launch_matvec(st, s->tg, blob, F, E, c->dx, n, c->dgu);
         if (s->tu->act != s->tg->act) {   // up reads a differently quantized copy of x
-            if ((e = cudaMemcpyAsync(c->dx, g->x, (size_t)(n * E) * sizeof(float), cudaMemcpyHostToDevice, st)))
+            if ((e = cudaMemcpyAsync(c->dx, g->x, (size_t)(n * E) * sizeof(float), in, st)))
                 return cu_fail(e, "copy of the activations");
             launch_act(st, s->tu, c->dx, n, E);
         }
@@ -189,7 +192,8 @@ extern "C" strata_status cudev_ffn(cudev *c, const mdev_group *g) {
     launch_act(st, s->td, c->dh, n, F);
     launch_matvec(st, s->td, blob + s->gate_bytes + s->up_bytes, E, F, c->dh, n, c->dout);
     if ((e = cudaGetLastError())) return cu_fail(e, "kernel launch");
-    if ((e = cudaMemcpyAsync(g->out, c->dout, (size_t)(n * E) * sizeof(float), cudaMemcpyDeviceToHost, st)))
+    const cudaMemcpyKind to = g->dev_io ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
+    if ((e = cudaMemcpyAsync(g->out, c->dout, (size_t)(n * E) * sizeof(float), to, st)))
         return cu_fail(e, "copy of the outputs");
     if ((e = cudaStreamSynchronize(st))) return cu_fail(e, "expert computation");
     return STRATA_OK;

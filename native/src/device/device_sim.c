@@ -179,7 +179,7 @@ static void run_compute(mdev *d, sim_op *op) {
     uint64_t act = 0;
     for (int i = 0; i < op->ng; i++) {
         const mdev_group *g = &op->g[i];
-        act += 2 * (uint64_t)g->n * (uint64_t)g->shape->E * sizeof(float);
+        if (!g->dev_io) act += 2 * (uint64_t)g->n * (uint64_t)g->shape->E * sizeof(float);
         /* an allocation failure leaves zero rows (the expert's contribution is lost, not garbage) */
 #if STRATA_HAVE_CUDA
         if (d->cu) {

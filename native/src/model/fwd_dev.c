@@ -316,63 +316,74 @@ static strata_status dqsa(strata_session *const *ss, const int64_t *Ls, int n, i
 /* ---------------------------------------------------------------- the MoE */
 
 /* The MoE of layer il on R rows of du (device), y to dy (device); u [R x E] is host memory to stage the
- * input through. The router and its top-k run here, then the routing and u go down (one synchronisation):
- * the host runs the routed experts (offload engine: device cache, staging, CPU pool; mdl_moe_experts)
- * while the device runs the shared expert and the grouping; the experts' rows come up and the merge
- * Σ w·sd·E(x) + σ(w_seg·u)·sd_sh·shared(u) runs here. */
+ * input through. The router, its top-k and the grouping run here, then the routing and u go down (one
+ * synchronisation): the host runs the routed experts (offload engine: device cache, staging, CPU pool;
+ * mdl_moe_experts) while the device runs the shared expert; the CPU pool's rows come up and the merge
+ * Σ w·sd·E(x) + σ(w_seg·u)·sd_sh·shared(u) runs here. When the expert device is this device
+ * (m->expert_dev_io), its groups read their input rows gathered here and leave their rows here: only the
+ * CPU pool's rows cross. */
 static strata_status dmoe(strata_session *s, int il, const float *du, int64_t R, float *u, float *dy) {
     const strata_model *m = s->m;
     const mdl_dk *dk = m->dk;
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     const dlayer *dl = &m->dense->layers[il];
-    const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fs = hp->ff_shexp;
+    const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fs = hp->ff_shexp, n = R * K;
+    const int dev_io = m->expert_dev_io && m->off && il < hp->n_layer;   /* the MTP block's run on the CPU pool */
     strata_status rc;
-    float *lg = NULL, *pw = NULL, *out = NULL, *gate = NULL, *gu = NULL, *h = NULL, *sho = NULL;
+    float *lg = NULL, *pw = NULL, *out = NULL, *gate = NULL, *gu = NULL, *h = NULL, *sho = NULL, *xg = NULL;
     int32_t *pick = NULL;
     int64_t *count = NULL, *slot = NULL, *row = NULL;
     int8_t *skip = NULL;
     DBUF(s, B_MLG, float, R * Ne, lg);
-    DBUF(s, B_MPICK, int32_t, R * K, pick);
-    DBUF(s, B_MPW, float, R * K, pw);
+    DBUF(s, B_MPICK, int32_t, n, pick);
+    DBUF(s, B_MPW, float, n, pw);
     DBUF(s, B_MCOUNT, int64_t, Ne + 1, count);
-    DBUF(s, B_MSLOT, int64_t, R * K, slot);
-    DBUF(s, B_MROW, int64_t, R * K, row);
-    DBUF(s, B_MOUT, float, R * K * E, out);
+    DBUF(s, B_MSLOT, int64_t, n, slot);
+    DBUF(s, B_MROW, int64_t, n, row);
+    DBUF(s, B_MOUT, float, n * E, out);
     DBUF(s, B_MSKIP, int8_t, Ne, skip);
     DBUF(s, B_MGATE, float, R, gate);
     DBUF(s, B_MSHGU, float, 2 * R * Fs, gu);
     DBUF(s, B_MSHH, float, R * Fs, h);
     DBUF(s, B_MSHO, float, R * E, sho);
+    if (dev_io) DBUF(s, B_MXG, float, n * E, xg);
     if ((rc = mdl_dmatmul(s, &l->router, du, R, lg))) return rc;
     if ((rc = dk->router_topk(lg, R, Ne, K, pick, pw, NULL))) return rc;
-    /* host staging: the routing, the experts' rows and the skip marks */
-    const size_t pb = (size_t)(R * K) * sizeof(int32_t), wb = (size_t)(R * K) * sizeof(float);
-    const size_t ob = (size_t)(R * K * E) * sizeof(float);
-    char *hb = NULL;   /* page-locked: the rows go up without waiting for the shared expert's kernels */
-    if ((rc = mdl_dhost(s, H_MOE, pb + wb + ob + (size_t)Ne, (void **)&hb))) return rc;
-    mdl_moe_ext ext = {.pick = (const int32_t *)hb, .pw = (const float *)(hb + pb), .out = (float *)(hb + pb + wb),
-                       .skip = (int8_t *)(hb + pb + wb + ob)};
+    if ((rc = dk->router_group(pick, n, Ne, count, slot, row, NULL))) return rc;
+    if (dev_io && (rc = dk->merge_gather(du, slot, n, K, E, xg, NULL))) return rc;
+    /* host staging (page-locked): the grouping's counts, the routing, the experts' rows, skip and where marks */
+    const size_t cb = (size_t)(Ne + 1) * sizeof(int64_t), pb = (size_t)n * sizeof(int32_t);
+    const size_t wb = (size_t)n * sizeof(float), ob = (size_t)(n * E) * sizeof(float);
+    char *hb = NULL;   /* the rows go up without waiting for the shared expert's kernels */
+    if ((rc = mdl_dhost(s, H_MOE, cb + pb + wb + ob + 2 * (size_t)Ne, (void **)&hb))) return rc;
+    mdl_moe_ext ext = {.count = (int64_t *)hb, .pick = (const int32_t *)(hb + cb), .pw = (const float *)(hb + cb + pb),
+                       .out = (float *)(hb + cb + pb + wb), .skip = (int8_t *)(hb + cb + pb + wb + ob),
+                       .where = (int8_t *)(hb + cb + pb + wb + ob + Ne), .dx = xg, .dout = dev_io ? out : NULL};
     /* the copies down wait for the router (the default stream runs in order) */
     if ((rc = mdl_dcopy(s, u, du, (size_t)(R * E) * sizeof(float), DK_D2H))) return rc;
-    if ((rc = mdl_dcopy(s, hb, pick, pb, DK_D2H))) return rc;
-    if ((rc = mdl_dcopy(s, hb + pb, pw, wb, DK_D2H))) return rc;
-    /* queued for the device while the host computes: the shared expert, its gate, the grouping */
-    if ((rc = dk->zero(count, (size_t)(Ne + 1) * sizeof(int64_t), NULL))) return rc;
-    if ((rc = dk->router_group(pick, R * K, Ne, count, slot, row, NULL))) return rc;
+    if ((rc = mdl_dcopy(s, hb + cb, pick, pb, DK_D2H))) return rc;
+    if ((rc = mdl_dcopy(s, hb + cb + pb, pw, wb, DK_D2H))) return rc;
+    /* queued for the device while the host computes: the shared expert and its gate (the products apply their
+     * .scale themselves, so the GLU and the merge take 1) */
     if ((rc = mdl_dmatmul(s, &l->sh_gate, du, R, gu))) return rc;
     if ((rc = mdl_dmatmul(s, &l->sh_up, du, R, gu + R * Fs))) return rc;
-    if ((rc = dk->merge_glu(gu, R, Fs, 0, mdl_mat_scale(&l->sh_gate, 0), mdl_mat_scale(&l->sh_up, 0), h, NULL)))
-        return rc;
+    if ((rc = dk->merge_glu(gu, R, Fs, 0, 1.0f, 1.0f, h, NULL))) return rc;
     if ((rc = mdl_dmatmul(s, &l->sh_down, h, R, sho))) return rc;
     if ((rc = dk->merge_shared_gate(dl->sh_inp_gate, du, R, E, gate, NULL))) return rc;
     if ((rc = mdl_moe_experts(s, il, u, R, &ext))) return rc;
-    /* the experts' rows up (the device cache's too: this version's offload engine writes them to host
-     * memory), then the merge */
-    if ((rc = mdl_dcopy(s, out, ext.out, ob, DK_H2D))) return rc;
+    /* the host's rows up, runs of consecutive experts in one copy each */
+    for (int64_t e = 0; e < Ne;) {
+        if (ext.where[e] != MDL_ROWS_HOST) { e++; continue; }
+        int64_t f = e + 1;
+        while (f < Ne && (ext.where[f] == MDL_ROWS_HOST || ext.count[f + 1] == ext.count[f])) f++;
+        const int64_t r0 = ext.count[e], r1 = ext.count[f];
+        if ((rc = mdl_dcopy(s, out + r0 * E, ext.out + r0 * E, (size_t)((r1 - r0) * E) * sizeof(float), DK_H2D)))
+            return rc;
+        e = f;
+    }
     if ((rc = mdl_dcopy(s, skip, ext.skip, (size_t)Ne, DK_H2D))) return rc;
-    return dk->merge_sum(pick, pw, dl->exp_down_scale, skip, row, out, gate, mdl_mat_scale(&l->sh_down, 0), sho, R,
-                         E, K, dy, NULL);
+    return dk->merge_sum(pick, pw, dl->exp_down_scale, skip, row, out, gate, 1.0f, sho, R, E, K, dy, NULL);
 }
 
 /* ---------------------------------------------------------------- the step */
@@ -759,6 +770,9 @@ strata_status mdl_dense_open(strata_model *m) {
             goto fail;
         }
         const int experts_there = p->device == STRATA_DEVICE_CUDA || (p->device == STRATA_DEVICE_SIM && dk == mdl_dk_emu());
+        /* the expert device computes in this device's memory: its groups may read and write the forward's */
+        m->expert_dev_io = (p->device == STRATA_DEVICE_CUDA && dk != mdl_dk_emu()) ||
+                           (p->device == STRATA_DEVICE_SIM && dk == mdl_dk_emu());
         if (auto_fit) p->cache_bytes = experts_there ? left : 0;
         else if (p->device == STRATA_DEVICE_CUDA && p->cache_bytes > left) {
             rc = strata_fail(STRATA_ERR_INVALID_ARG, "--cache-gib %.2f does not fit: %.2f GiB of the %s device's "

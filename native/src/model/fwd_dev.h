@@ -38,7 +38,7 @@ struct mdl_dense {
  * across a call of another. */
 enum { B_X, B_U, B_Y, B_C, B_XH, B_G, B_A, B_XQ, B_TILE, B_P0, B_P1, B_P2, B_P3, B_P4, B_CV, B_QN, B_KN, B_O, B_Q,
        B_CS, B_BCS, B_SCORE, B_SEL, B_NSEL, B_W, B_WORK, B_LG,
-       B_MLG, B_MPICK, B_MPW, B_MCOUNT, B_MSLOT, B_MROW, B_MOUT, B_MSKIP, B_MGATE, B_MSHGU, B_MSHH, B_MSHO, B_MSD,
+       B_MLG, B_MPICK, B_MPW, B_MCOUNT, B_MSLOT, B_MROW, B_MOUT, B_MSKIP, B_MGATE, B_MSHGU, B_MSHH, B_MSHO, B_MXG,
        B_PLE_ROWS, B_PLE_IDS, B_PLE_EMB, B_PLE_KEY, B_PLE_VAL, B_PLE_GV, B_PLE_EXT,
        B_N };
 

@@ -154,6 +154,7 @@ struct strata_model {
     struct mdl_dense *dense;   /* its weights, stream and plan (fwd_dev.c) */
     char device_log[1024];     /* strata_model_device_log */
     uint64_t dense_h2d, dense_d2h;   /* bytes the device forward copied up / down (atomics; fwd_dev.c) */
+    int expert_dev_io;         /* the expert device's memory is the dense device's (cuda and cuda, sim and emu) */
     FILE *trace;               /* --trace-routing: JSON lines, one per (window, layer); NULL: off */
     pthread_mutex_t trace_mu;  /* guards trace and trace_window */
     uint64_t trace_window;
@@ -272,7 +273,15 @@ typedef struct {
     const float *pw;
     float *out;
     int8_t *skip;
+    /* dx / dout not NULL: the dense device's memory, which the expert device shares (model.expert_dev_io):
+     * the device's groups read their rows of dx (the input in slot order) and write theirs to dout, the CPU
+     * pool's stay in out. where [Ne]: MDL_ROWS_* of each expert, count [Ne + 1] the grouping's prefix sums. */
+    const float *dx;
+    float *dout;
+    int8_t *where;
+    int64_t *count;
 } mdl_moe_ext;
+enum { MDL_ROWS_NONE = 0, MDL_ROWS_HOST = 1, MDL_ROWS_DEVICE = 2 };
 strata_status mdl_moe_experts(strata_session *s, int il, const float *u, int64_t L, const mdl_moe_ext *ext);
 /* Adds PLE(X) to the streams of n sequences' tokens: sequence i's ids[i][0..Ls[i]) at its rows of
  * X[sum Ls x hc*E], one after the other. One gather serves them all; the key and value products run

@@ -140,6 +140,16 @@ void mdl_route_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count,
     for (int64_t i = 0; i < n; i++) slot[fill[pick[i]]++] = i;
 }
 
+/* The experts' input rows in grouped order: xg row i = u row slot[i] / K (the token of pair slot[i]), and
+ * tok[i] that token (tok NULL: not kept). */
+void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg, int64_t *tok) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = slot[i] / K;
+        if (tok) tok[i] = t;
+        memcpy(xg + i * E, u + t * E, (size_t)E * sizeof(float));
+    }
+}
+
 /* h[n x F] = silu(gate * s1) * (up * s2). fused: row i of g is [gate F | up F]; split: all n gate
  * rows, then all n up rows. */
 void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, float s2, float *h) {
@@ -246,10 +256,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     if (trc_on()) trc_note_experts((int32_t)n_act);   /* the layer's MoE span reports it (model.c) */
     mm = malloc((size_t)(2 * n_act + 2) * sizeof *mm);
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
-    for (int64_t i = 0; i < L * K; i++) {
-        tok[i] = slot[i] / K;
-        memcpy(xg + i * E, u + tok[i] * E, (size_t)E * sizeof(float));
-    }
+    mdl_moe_gather(u, slot, L * K, K, E, xg, tok);
     float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = ext ? NULL : out + L * K * E;
     /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool. It
      * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
@@ -302,7 +309,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
             plan->src = xsrc;
         }
     }
-    if (plan && (rc = off_submit(plan, xg, out))) goto done;
+    if (plan && (rc = ext && ext->dx ? off_submit(plan, ext->dx, ext->dout, 1) : off_submit(plan, xg, out, 0))) goto done;
     const double t_cpu = now_s();
     int nm_ = 0;
     for (int64_t e = 0; e < Ne; e++) {
@@ -343,6 +350,11 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
      * next plan (another session's) once off_finish unlocks */
     int8_t *skipped = (int8_t *)(count + Ne + 1);
     for (int64_t e = 0; e < Ne; e++) skipped[e] = kind && kind[e] == OFF_SKIP;
+    if (ext)   /* for the device's merge: where each expert's rows are */
+        for (int64_t e = 0; e < Ne; e++)
+            ext->where[e] = count[e + 1] == count[e] || skipped[e]    ? MDL_ROWS_NONE
+                            : ext->dx && kind && kind[e] != OFF_CPU ? MDL_ROWS_DEVICE
+                                                                    : MDL_ROWS_HOST;
     kind = NULL;
     if (plan) {
         off_plan *p = plan;
@@ -353,6 +365,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     if (xs_held) { xs_release(m->xs); xs_held = 0; }
     if (ext) {   /* the device merges */
         memcpy(ext->skip, skipped, (size_t)Ne);
+        memcpy(ext->count, count, (size_t)(Ne + 1) * sizeof(int64_t));
         goto done;
     }
     /* y = Σ_k w_k out_k (in slot order per token) + σ(w_seg · x) · shared */

@@ -437,14 +437,16 @@ off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, cons
     return pl;
 }
 
-static mdev_group make_group(const off_engine *o, int il, int64_t e, int32_t slot, const float *x, int64_t n, float *out) {
+static mdev_group make_group(const off_engine *o, int il, int64_t e, int32_t slot, const float *x, int64_t n, float *out,
+                             int dev_io) {
     const off_layer_desc *l = &o->layer[il];
     const float sg = scale_of(l->gate_scale, l->n_gate_scale, e);
     return (mdev_group){.shape = &l->shape, .slot = slot, .sg = sg,
-                        .su = l->shape.fused ? sg : scale_of(l->up_scale, l->n_up_scale, e), .x = x, .n = n, .out = out};
+                        .su = l->shape.fused ? sg : scale_of(l->up_scale, l->n_up_scale, e), .x = x, .n = n, .out = out,
+                        .dev_io = dev_io};
 }
 
-strata_status off_submit(off_plan *pl, const float *xg, float *out) {
+strata_status off_submit(off_plan *pl, const float *xg, float *out, int dev_io) {
     off_engine *o = pl->o;
     const int il = pl->il;
     const int64_t E = o->layer[il].shape.E, Ne = pl->n_expert;
@@ -459,7 +461,7 @@ strata_status off_submit(off_plan *pl, const float *xg, float *out) {
     /* resident groups first, in one computation: the compute engine starts on them at once */
     for (int64_t e = 0; e < Ne; e++)
         if (kind[e] == OFF_DEVICE) g[ng++] = make_group(o, il, e, slot[e], xg + count[e] * E, count[e + 1] - count[e],
-                                                        out + count[e] * E);
+                                                        out + count[e] * E, dev_io);
     if (ng) {
         if ((rc = mdev_compute(o->dev, g, ng, 0, seq))) return rc;
         for (int i = 0; i < ng; i++) o->slot_use[g[i].slot] = *seq;
@@ -482,7 +484,8 @@ strata_status off_submit(off_plan *pl, const float *xg, float *out) {
         if (kind[e] == OFF_ADMIT && (rc = add_pending(o, slot[e], cs))) return rc;
         o->pcie_groups++;
         o->pcie_bytes += bytes[0] + bytes[1] + bytes[2];
-        mdev_group one = make_group(o, il, e, slot[e], xg + count[e] * E, count[e + 1] - count[e], out + count[e] * E);
+        mdev_group one =
+            make_group(o, il, e, slot[e], xg + count[e] * E, count[e + 1] - count[e], out + count[e] * E, dev_io);
         if ((rc = mdev_compute(o->dev, &one, 1, cs, seq))) return rc;
         o->slot_use[slot[e]] = *seq;
     }

@@ -101,8 +101,9 @@ void off_free(off_engine *o);
  * rows, pick[t * K + k] the experts token t routed to in rank order (K = n_expert_used). */
 off_plan *off_begin(off_engine *o, int il, int64_t L, const int64_t *count, const int32_t *pick);
 /* Queues copies and the device computation of the DEVICE / ADMIT / STAGE groups; rows of xg in,
- * rows of out filled by the device before off_finish returns. */
-strata_status off_submit(off_plan *p, const float *xg, float *out);
+ * rows of out filled by the device before off_finish returns. dev_io: xg and out are the device's memory
+ * (mdev_group.dev_io). */
+strata_status off_submit(off_plan *p, const float *xg, float *out, int dev_io);
 /* Waits for the device, adds the CPU pool's share to the counters, runs an adjustment round when
  * due, unlocks. The plan is gone afterwards. */
 strata_status off_finish(off_plan *p, double cpu_s, uint64_t cpu_groups, uint64_t cpu_bytes);

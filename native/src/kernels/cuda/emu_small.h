@@ -295,6 +295,13 @@ EMU_FN strata_status emu_merge_shared_gate(const float *w_seg, const float *x, i
     return STRATA_OK;
 }
 
+EMU_FN strata_status emu_merge_gather(const float *x, const int64_t *slot, int64_t n, int64_t K, int64_t E,
+                                      float *xg, void *stream) {
+    (void)stream;
+    for (int64_t v = 0; v < n * E; v++) merge_gather_unit(x, slot, K, E, v, xg);
+    return STRATA_OK;
+}
+
 EMU_FN strata_status emu_merge_sum(const int32_t *pick, const float *pw, const float *sd, const int8_t *skip,
                                    const int64_t *row, const float *out, const float *gate, float sd_sh,
                                    const float *sho, int64_t L, int64_t E, int64_t K, float *y, void *stream) {
@@ -327,6 +334,7 @@ EMU_SMALL_SAME_TYPE(emu_router_topk, cuk_router_topk);
 EMU_SMALL_SAME_TYPE(emu_router_group, cuk_router_group);
 EMU_SMALL_SAME_TYPE(emu_merge_glu, cuk_merge_glu);
 EMU_SMALL_SAME_TYPE(emu_merge_shared_gate, cuk_merge_shared_gate);
+EMU_SMALL_SAME_TYPE(emu_merge_gather, cuk_merge_gather);
 EMU_SMALL_SAME_TYPE(emu_merge_sum, cuk_merge_sum);
 #undef EMU_SMALL_SAME_TYPE
 

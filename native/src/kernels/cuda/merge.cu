@@ -34,6 +34,13 @@ extern "C" strata_status cuk_merge_shared_gate(const float *w_seg, const float *
     return launched("merge shared gate");
 }
 
+extern "C" strata_status cuk_merge_gather(const float *x, const int64_t *slot, int64_t n, int64_t K, int64_t E,
+                                          float *xg, void *stream) {
+    if (n * E <= 0) return STRATA_OK;
+    merge_gather_kernel<<<blocks_for(n * E), MERGE_THREADS, 0, (cudaStream_t)stream>>>(x, slot, n, K, E, xg);
+    return launched("merge gather");
+}
+
 extern "C" strata_status cuk_merge_sum(const int32_t *pick, const float *pw, const float *sd, const int8_t *skip,
                                        const int64_t *row, const float *out, const float *gate, float sd_sh,
                                        const float *sho, int64_t L, int64_t E, int64_t K, float *y, void *stream) {

@@ -14,6 +14,8 @@
  *               the experts' rows in grouped order: pair i = t·K + k is row[i] (router.cuh's group).
  *               Skipped experts (skip[e] != 0, the offload's tail skip) add nothing. One unit per
  *               value of y; it finds its token's picks in expert order by K scans of K (K is ~10).
+ * gather:       xg row i = x row slot[i] / K: the MoE input's rows in grouped order (router.cuh's slot), the
+ *               input of the experts the device computes (mdl_moe_gather). One unit per value of xg.
  */
 #ifndef STRATA_KERNELS_CUDA_MERGE_CUH
 #define STRATA_KERNELS_CUDA_MERGE_CUH
@@ -61,7 +63,20 @@ OPS_FN void merge_sum_unit(const int32_t *pick, const float *pw, const float *sd
     y[v] = acc;
 }
 
+/* xg[v] for v = i·E + d: the value d of row slot[i] / K of x. */
+OPS_FN void merge_gather_unit(const float *x, const int64_t *slot, int64_t K, int64_t E, int64_t v, float *xg) {
+    const int64_t i = v / E, d = v % E;
+    xg[v] = x[(slot[i] / K) * E + d];
+}
+
 #ifdef __CUDACC__
+/* One thread per value of xg [n x E]. */
+static __global__ void merge_gather_kernel(const float *x, const int64_t *slot, int64_t n, int64_t K, int64_t E,
+                                           float *xg) {
+    const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v < n * E) merge_gather_unit(x, slot, K, E, v, xg);
+}
+
 /* One thread per value of h [n x F]. */
 static __global__ void merge_glu_kernel(const float *gu, int64_t n, int64_t F, int fused, float sg, float su,
                                         float *h) {

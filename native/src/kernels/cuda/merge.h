@@ -22,6 +22,10 @@ strata_status cuk_merge_glu(const float *gu, int64_t n, int64_t F, int fused, fl
 /* gate[t] = σ(w_seg · x_t) for the L rows of x [L x E] (mdl_moe_shared_gate). */
 strata_status cuk_merge_shared_gate(const float *w_seg, const float *x, int64_t L, int64_t E, float *gate,
                                     void *stream);
+/* xg[n x E]: row i is row slot[i] / K of x (the grouped order of router.group's slot: the experts' input
+ * rows, mdl_moe_gather). */
+strata_status cuk_merge_gather(const float *x, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg,
+                               void *stream);
 /* y[L x E] = Σ_k pw · sd_e · out[row[t·K + k]] over each token's picks in increasing expert id (not
  * the skipped), + gate[t] · sd_sh · sho[t] (mdl_moe_combine). sd [Ne] or NULL (1), skip [Ne] or NULL. */
 strata_status cuk_merge_sum(const int32_t *pick, const float *pw, const float *sd, const int8_t *skip,

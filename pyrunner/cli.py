@@ -533,6 +533,9 @@ def _engine_options(f):
         click.option("--vram-gib", type=float, default=None,
                      help="GPU memory Strata may use in all, GiB (dense weights, state, work buffers, expert "
                           "cache) [default: what is free]."),
+        click.option("--prefill-f16", is_flag=True, default=None,
+                     help="Prefill products on the GPU through cuBLAS on f16 tiles (tensor cores): faster, but a "
+                          "row's sums depend on the rows beside it [default: off, batch-invariant]."),
         click.option("--pcie-frac", type=float, default=None, help="Share of missing experts copied to the device."),
         click.option("--split", type=click.Choice(["seed", "online"]), default=None,
                      help="How that share is chosen: online (one per MoE layer, from live costs, every decode "
@@ -609,7 +612,7 @@ def _llama_cpp_only(why: str):
     return refuse
 
 
-_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "dense", "vram_gib", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
+_ENGINE = ("threads", "n_ctx", "kv_type", "device", "cache_gib", "dense", "vram_gib", "prefill_f16", "pcie_frac", "prefill_chunk", "mtp", "mtp_max",
            "ple_mode", "ple_cache_mib", "sim_link_gbps", "repack", "expert_io", "ram_gib", "cache_policy", "expert_prefetch",
            "split")
 

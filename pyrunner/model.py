@@ -124,7 +124,7 @@ class Model:
                  expert_io: str = "auto", ram_gib: float | None = None, cache_policy: str | None = None,
                  expert_io_depth: int | None = None, expert_io_backend: str = "auto", expert_prefetch: bool | int = True,
                  split: str | None = None, ple_cache_mib: float | None = None, dense: str | None = None,
-                 vram_gib: float | None = None):
+                 vram_gib: float | None = None, prefill_f16: bool = False):
         """path (or model_path=, llama-cpp-python's name for it): the GGUF, or the first file of a
         split set. n_ctx: tokens a session holds; None: the model's trained context (the file's
         `<arch>.context_length`), at most 32768; more than the trained context warns (the model never
@@ -166,6 +166,8 @@ class Model:
         "device"; "emu": the GPU forward with every kernel emulated on the host, for tests — strata.h
         strata_dense; the CLI's --dense, STRATA_DENSE); vram_gib: GPU memory Strata may use in all (None: what is free); with the dense forward
         on a GPU and cache_gib None the expert cache takes what is left (Model.device_log says how much).
+        prefill_f16: the device forward's prefill products on cuBLAS's f16 tensor-core path (faster; a row's
+        sums then depend on its step's other rows; strata.h prefill_f16); False keeps them batch-invariant.
 
         Every argument left None comes from the environment through pyrunner.settings (threads:
         STRATA_THREADS, tail_skip: STRATA_ROUTE_TAIL_SKIP, sim_link_gbps: STRATA_SIM_LINK_GBPS, the
@@ -257,6 +259,7 @@ class Model:
         p.dense = DENSE[dense]
         if vram_gib is not None:
             p.vram_bytes = int(vram_gib * (1 << 30))
+        p.prefill_f16 = int(bool(prefill_f16))
         p.pcie_frac = -1.0 if pcie_frac is None else float(pcie_frac)
         # None (argument and environment unset): the field keeps strata_model_default_params()'s value
         if sim_link_gbps is not None:

@@ -319,6 +319,9 @@ def test_the_start_up_plan_fits_the_cache_and_honours_vram_gib(tiny):
         Model(tiny["q8_0"], threads=2, dense="emu", vram_gib=0.0001)
     with Model(tiny["q8_0"], threads=2, dense="emu", device="cpu") as m:
         assert "CPU pool" in m.device_log
+        assert "prefill products: the batch-invariant kernel" in m.device_log
+    with Model(tiny["q8_0"], threads=2, dense="emu", prefill_f16=True) as m:   # the emulation has no cuBLAS
+        assert "--prefill-f16 asked, but this build has no cuBLAS" in m.device_log
 
 
 def test_no_gpu_is_a_message(tiny):

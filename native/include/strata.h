@@ -416,6 +416,11 @@ typedef struct strata_model_params {
     int32_t dense;             /* strata_dense: where the dense forward runs; default AUTO */
     uint64_t vram_bytes;       /* --vram-gib: GPU memory Strata may use in all (dense weights, state, work buffers,
                                   expert cache); 0 = the device's free memory */
+    int32_t prefill_f16;       /* --prefill-f16: the device forward's products of more than 8 rows go to cuBLAS on f16
+                                  tiles and activations (tensor cores). Faster, but a row's sums then depend on how
+                                  many rows its step holds. Default 0: a kernel summing in the decode kernel's order,
+                                  so prefill gives decode's bits and batches are invariant. No effect without cuBLAS
+                                  (the start-up log says which runs) */
 } strata_model_params;
 
 
@@ -423,8 +428,8 @@ typedef struct strata_model_params {
  * STRATA_DEVICE_CUDA, else on the CPU. CPU: the C forward, with experts on whatever device is chosen.
  * DEVICE: on the GPU (an error without one). EMU: the GPU forward run on the host, every kernel emulated
  * over its launch grid (kernels/cuda/emu_*.h): the device forward's own numbers and buffer handling on a
- * machine without a GPU, for tests; slow. In this version routed and shared experts, the router and the
- * PLE layer stay on the host (their results are copied per layer), as does the MTP head. */
+ * machine without a GPU, for tests; slow. The routed experts run where the offload engine puts them (device
+ * cache, staging, CPU pool); everything else of a step, the PLE layer and the MTP head included, on the device. */
 typedef enum strata_dense {
     STRATA_DENSE_AUTO = 0,
     STRATA_DENSE_CPU = 1,

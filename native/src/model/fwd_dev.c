@@ -119,15 +119,19 @@ strata_status mdl_dmatmul(strata_session *s, const mdl_mat *w, const float *x, i
     if (L <= GEMV_MAX_ROWS) {
         rc = dk->gemv(NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y);
     } else {
-        /* a tile of GEMM_TILE_BYTES (at least GEMM_TILE_ROWS rows, at most the matrix): few launches a product */
-        int64_t rows = (int64_t)(GEMM_TILE_BYTES / dk->gemm_tile_bytes(w->cols, 1, 0));
+        /* a tile of GEMM_TILE_BYTES (at least GEMM_TILE_ROWS rows, at most the matrix): few launches a product.
+         * cuBLAS only for --prefill-f16: its float product sums in its own order, and the batch-invariant kernel
+         * in the decode kernel's (a row's bits do not depend on the step's other rows) */
+        const int f16 = m->dense->f16;
+        int64_t rows = (int64_t)(GEMM_TILE_BYTES / dk->gemm_tile_bytes(w->cols, 1, f16));
         if (rows < GEMM_TILE_ROWS) rows = GEMM_TILE_ROWS;
         if (rows > w->rows) rows = w->rows;
-        const size_t tb = dk->gemm_tile_bytes(w->cols, rows, 0);
-        void *tile;
+        const size_t tb = dk->gemm_tile_bytes(w->cols, rows, f16);
+        void *tile, *x16 = NULL;
         if ((rc = mdl_dbuf(s, B_TILE, tb, &tile))) return rc;
-        rc = dk->gemm(m->dense->blas, NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y, tile, tb, 0,
-                      NULL);
+        if (f16 && (rc = mdl_dbuf(s, B_X16, (size_t)(L * w->cols) * 2, &x16))) return rc;
+        rc = dk->gemm(f16 ? m->dense->blas : NULL, NULL, w->t->type, w->dev, w->row_bytes, w->rows, w->cols, xq, L, y,
+                      tile, tb, f16, x16);
     }
     if (!rc && w->scale) rc = dk->scale(NULL, y, L * w->rows, mdl_mat_scale(w, 0));
     return rc;
@@ -580,6 +584,7 @@ static uint64_t work_bytes(const strata_model *m, int64_t L) {
         per_row += (NH * ((uint64_t)m->ple_table_row + 8) + 3) / 4 + 2 * E + 3 * W;
         fixed += (uint64_t)(h->ple_kp - 1) * (uint64_t)h->ple_n * W * sizeof(float);
     }
+    per_row += (uint64_t)(2 * W) / 2;   /* --prefill-f16's halves of the widest product's input (2W values) */
     /* the rows, a few rows of logits (verify windows), the attention's slice, one product's tile */
     return (uint64_t)L * per_row * sizeof(float) + fixed + (uint64_t)GEMV_MAX_ROWS * V * sizeof(float) +
            QSA_SLICE_BYTES + GEMM_TILE_BYTES;
@@ -682,6 +687,7 @@ strata_status mdl_dense_open(strata_model *m) {
     uint64_t free_b = 0, total_b = 0;
     if ((rc = dk->mem_info(&free_b, &total_b))) goto fail;
     if ((rc = dk->gemm_create(&D->blas))) goto fail;
+    D->f16 = p->prefill_f16 && D->blas;
     D->layers = calloc((size_t)(hp->n_layer + hp->n_mtp), sizeof *D->layers);
     if (!D->layers) { rc = strata_fail(STRATA_ERR_NOMEM, "device forward: no memory"); goto fail; }
     const int64_t E = hp->n_embd, W = (int64_t)hp->hc * E, Kc = hp->ssm_kc, dv = hp->ssm_dk;
@@ -783,10 +789,13 @@ strata_status mdl_dense_open(strata_model *m) {
         }
         snprintf(m->device_log, sizeof m->device_log,
                  "dense forward on %s: %.2f GiB free of %.2f%s; dense weights %.3f GiB, state %.3f GiB (one session "
-                 "at n_ctx %lld), work %.3f GiB, margin %.3f GiB; expert cache %.3f GiB (%s)",
+                 "at n_ctx %lld), work %.3f GiB, margin %.3f GiB; expert cache %.3f GiB (%s); prefill products: %s",
                  dk->name, gib(free_b), gib(total_b), p->vram_bytes ? " (capped by --vram-gib)" : "",
                  gib(D->weight_bytes), gib(state), (long long)p->n_ctx, gib(work), gib(margin), gib(p->cache_bytes),
-                 !experts_there ? "none: the experts run on the CPU pool" : auto_fit ? "fitted: what is left" : "asked");
+                 !experts_there ? "none: the experts run on the CPU pool" : auto_fit ? "fitted: what is left" : "asked",
+                 D->f16 ? "cuBLAS on f16 tiles (--prefill-f16)"
+                 : p->prefill_f16 ? "the batch-invariant kernel (--prefill-f16 asked, but this build has no cuBLAS)"
+                                  : "the batch-invariant kernel");
     }
     return STRATA_OK;
 fail:

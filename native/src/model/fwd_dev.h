@@ -30,6 +30,7 @@ struct mdl_dense {
     dlayer *layers;            /* [n_layer + n_mtp]: the MTP block's is layers[n_layer] */
     float *out_hc_norm;
     float *mtp_enorm, *mtp_hnorm, *mtp_head_norm;
+    int f16;                   /* prefill products on cuBLAS's f16 tensor-core path (params.prefill_f16 and a handle) */
     uint64_t weight_bytes;     /* dense weights and vectors uploaded */
 };
 
@@ -39,7 +40,7 @@ struct mdl_dense {
 enum { B_X, B_U, B_Y, B_C, B_XH, B_G, B_A, B_XQ, B_TILE, B_P0, B_P1, B_P2, B_P3, B_P4, B_CV, B_QN, B_KN, B_O, B_Q,
        B_CS, B_BCS, B_SCORE, B_SEL, B_NSEL, B_W, B_WORK, B_LG,
        B_MLG, B_MPICK, B_MPW, B_MCOUNT, B_MSLOT, B_MROW, B_MOUT, B_MSKIP, B_MGATE, B_MSHGU, B_MSHH, B_MSHO, B_MXG,
-       B_PLE_ROWS, B_PLE_IDS, B_PLE_EMB, B_PLE_KEY, B_PLE_VAL, B_PLE_GV, B_PLE_EXT,
+       B_X16, B_PLE_ROWS, B_PLE_IDS, B_PLE_EMB, B_PLE_KEY, B_PLE_VAL, B_PLE_GV, B_PLE_EXT,
        B_N };
 
 /* Its page-locked host buffers (dk->host_alloc): what goes up without a wait for the stream. */

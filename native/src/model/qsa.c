@@ -96,7 +96,7 @@ int64_t mdl_qsa_select(const float *score, int64_t nb, int64_t topk, int64_t r, 
                 blk_score tmp = heap[p]; heap[p] = heap[i]; heap[i] = tmp;
                 i = p;
             }
-        } else if (better(x, heap[0])) {
+        } else if (topk > 0 && better(x, heap[0])) {   /* topk 0: the heap is empty */
             heap[0] = x;
             sift_down(heap, hn, 0);
         }

@@ -67,7 +67,7 @@ void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c);
 void mdl_route(float *logits, int64_t L, int64_t Ne, int64_t K, int32_t *pick, float *pw);
 void mdl_route_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count, int64_t *fill, int64_t *slot);
 void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, float s2, float *h);
-void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg, int64_t *tok);
+void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg);
 float mdl_moe_shared_gate(const float *w_seg, const float *x, int64_t E);
 void mdl_moe_combine(const mdl_mat *down, const mdl_mat *sh_down, const float *w_seg, const float *u, int64_t L,
                      int64_t E, int64_t Ne, int64_t K, const int64_t *count, const int64_t *slot, const int8_t *skipped,
@@ -504,7 +504,7 @@ static void check_merge_gather(void) {
         float *u = fill_n(L * E, 1.0f);
         float *xg = malloc((size_t)(n * E) * sizeof *xg), *ref = malloc((size_t)(n * E) * sizeof *ref);
         CHECK(emu_merge_gather(u, slot, n, K, E, xg, NULL) == STRATA_OK);
-        mdl_moe_gather(u, slot, n, K, E, ref, NULL);
+        mdl_moe_gather(u, slot, n, K, E, ref);
         op_case(&op, rel_err(xg, ref, n * E), 0.0);
         free(pick); free(count); free(slot); free(fill); free(u); free(xg); free(ref);
     }

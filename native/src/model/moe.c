@@ -140,14 +140,9 @@ void mdl_route_group(const int32_t *pick, int64_t n, int64_t Ne, int64_t *count,
     for (int64_t i = 0; i < n; i++) slot[fill[pick[i]]++] = i;
 }
 
-/* The experts' input rows in grouped order: xg row i = u row slot[i] / K (the token of pair slot[i]), and
- * tok[i] that token (tok NULL: not kept). */
-void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg, int64_t *tok) {
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t t = slot[i] / K;
-        if (tok) tok[i] = t;
-        memcpy(xg + i * E, u + t * E, (size_t)E * sizeof(float));
-    }
+/* The experts' input rows in grouped order: xg row i = u row slot[i] / K (the token of pair slot[i]). */
+void mdl_moe_gather(const float *u, const int64_t *slot, int64_t n, int64_t K, int64_t E, float *xg) {
+    for (int64_t i = 0; i < n; i++) memcpy(xg + i * E, u + (slot[i] / K) * E, (size_t)E * sizeof(float));
 }
 
 /* h[n x F] = silu(gate * s1) * (up * s2). fused: row i of g is [gate F | up F]; split: all n gate
@@ -256,7 +251,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     if (trc_on()) trc_note_experts((int32_t)n_act);   /* the layer's MoE span reports it (model.c) */
     mm = malloc((size_t)(2 * n_act + 2) * sizeof *mm);
     if (!mm) { rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory", il); goto done; }
-    mdl_moe_gather(u, slot, L * K, K, E, xg, tok);
+    for (int64_t i = 0; i < L * K; i++) tok[i] = slot[i] / K;
     float *sg = gu + L * K * 2 * Fe, *su = sg + L * Fs, *shb = hb + L * K * Fe, *sho = ext ? NULL : out + L * K * E;
     /* offload engine: which groups run on the device, are skipped, or stay on the CPU pool. It
      * knows only the trunk's layers: the MTP block (layers[n_layer]) always takes the CPU pool. */
@@ -308,6 +303,16 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
             }
             plan->src = xsrc;
         }
+    }
+    /* the experts' input rows in grouped order: all of them, or where the expert device reads the forward's own
+     * (ext->dx), only the CPU pool's */
+    if (ext && ext->dx) {
+        for (int64_t e = 0; e < Ne; e++) {
+            const int64_t n = count[e + 1] - count[e], r0 = count[e];
+            if (n && (!kind || kind[e] == OFF_CPU)) mdl_moe_gather(u, slot + r0, n, K, E, xg + r0 * E);
+        }
+    } else {
+        mdl_moe_gather(u, slot, L * K, K, E, xg);
     }
     if (plan && (rc = ext && ext->dx ? off_submit(plan, ext->dx, ext->dout, 1) : off_submit(plan, xg, out, 0))) goto done;
     const double t_cpu = now_s();

@@ -9,7 +9,9 @@ forward on the same file:
   (a near-tie may go either way under another summation order, so the comparison stops there);
 - prefill (the gemm and chunked-GDN paths) and decode (gemv, recurrent GDN), every recipe and KV type, QSA's
   selection binding (the prompt passes the tiny model's 64-key budget), verify windows with rollback,
-  checkpoints, a batch of sequences, the MTP head, and the start-up plan (--vram-gib, the fitted cache).
+  checkpoints, a batch of sequences, the MTP head, the PLE layer (GGUF and packed NVFP4 tables), the MoE's
+  device half with the sim expert device reading the forward's own memory (cache 0 / 50 / 100 %), the bytes
+  that cross the link, and the start-up plan (--vram-gib, the fitted cache, the prefill path).
 
 The GPU itself (launch configurations, streams, speed) is tools/device_check.sh's part.
 """

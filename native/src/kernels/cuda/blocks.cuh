@@ -455,6 +455,7 @@ BLK_FN void blk_act_fake_quant(float *x, int64_t n, int act) {
 }
 
 #ifdef __CUDACC__
+#include <atomic>
 #include <mutex>
 
 /* Copies the host tables into this translation unit's __constant__ copies on the current device. */
@@ -473,14 +474,15 @@ static inline cudaError_t blk_tables_upload(void) {
  * once. The tables never change, so a second caller must not rewrite them under running kernels. */
 static inline cudaError_t blk_tables_ready(void) {
     static std::mutex mu;
-    static uint64_t done = 0;   // bit d: device d has this unit's tables
+    static std::atomic<uint64_t> done{0};   // bit d: device d has this unit's tables
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
     const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t)1 << dev : 0;
+    if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;   // every launch after the first
     std::lock_guard<std::mutex> lock(mu);
-    if (done & bit) return cudaSuccess;
-    if ((e = blk_tables_upload()) == cudaSuccess) done |= bit;
+    if (done.load(std::memory_order_relaxed) & bit) return cudaSuccess;
+    if ((e = blk_tables_upload()) == cudaSuccess) done.fetch_or(bit, std::memory_order_release);
     return e;
 }
 #endif

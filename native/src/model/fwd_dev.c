@@ -392,6 +392,20 @@ static strata_status dmoe(strata_session *s, int il, const float *du, int64_t R,
 
 /* ---------------------------------------------------------------- the step */
 
+/* The step's pre-mixer rows down to the sequences that asked for them (MTP drafts read them); then waits for
+ * the stream when none did. */
+static strata_status hidden_down(strata_session *s0, const mdl_fwd_seq *q, int n, const float *dX) {
+    const int64_t W = s0->m->hp.hc * s0->m->hp.n_embd;
+    int copied = 0;
+    for (int i = 0; i < n; i++) {
+        if (!q[i].hidden) continue;
+        strata_status rc = mdl_dcopy(s0, q[i].hidden, dX + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float), DK_D2H);
+        if (rc) return rc;
+        copied = 1;
+    }
+    return copied ? STRATA_OK : s0->m->dk->sync(NULL);
+}
+
 strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u) {
     strata_session *ss[STRATA_BATCH_MAX];
     int64_t Ls[STRATA_BATCH_MAX];
@@ -453,12 +467,10 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u) {
     int64_t nr = 0;
     for (int i = 0; i < n; i++) {
         q[i].s->n_past += q[i].L;
-        if (q[i].hidden &&
-            (rc = mdl_dcopy(s0, q[i].hidden, dX + q[i].r0 * W, (size_t)(q[i].L * W) * sizeof(float), DK_D2H)))
-            return rc;
         if (q[i].out && q[i].row0 < q[i].L) nr += q[i].L - q[i].row0;
     }
-    if (!nr) return dk->sync(NULL);
+    /* the copies down come last, after every launch of the step: the first of them is its one wait */
+    if (!nr) return hidden_down(s0, q, n, dX);
     /* the final mixer and the LM head for the rows asked for, gathered into one product */
     const int64_t V = hp->n_vocab;
     float *xs = NULL, *lg = NULL;
@@ -482,7 +494,7 @@ strata_status mdl_forward_dev(mdl_fwd_seq *q, int n, float *X, float *u) {
         if ((rc = mdl_dcopy(s0, q[i].out, lg + k * V, (size_t)(ni * V) * sizeof(float), DK_D2H))) return rc;
         k += ni;
     }
-    return STRATA_OK;
+    return hidden_down(s0, q, n, dX);
 }
 
 /* ---------------------------------------------------------------- the MTP head */

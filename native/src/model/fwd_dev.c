@@ -538,15 +538,18 @@ strata_status mdl_mtp_step_dev(strata_session *s, const float *hidden, const int
     if ((rc = dk->hc_write(dX, dc, dy, L, hc, E, NULL))) return rc;
     if (row0 >= L) return dk->sync(NULL);
     const int64_t nr = L - row0;
-    if (chain && (rc = mdl_dcopy(s, chain, dX + row0 * W, (size_t)(nr * W) * sizeof(float), DK_D2H))) return rc;
-    if (!logits) return dk->sync(NULL);
-    /* the MTP's own mixer (no inject), then the trunk's LM head */
     float *lg = NULL;
-    DBUF(s, B_LG, float, nr * hp->n_vocab, lg);
-    if ((rc = dhc_read(s, dX + row0 * W, D->mtp_head_norm, &m->mtp_head_down, &m->mtp_head_up, NULL, nr, du, NULL)))
-        return rc;
-    if ((rc = mdl_dmatmul(s, &m->output, du, nr, lg))) return rc;
-    return mdl_dcopy(s, logits, lg, (size_t)(nr * hp->n_vocab) * sizeof(float), DK_D2H);
+    if (logits) {   /* the MTP's own mixer (no inject), then the trunk's LM head */
+        DBUF(s, B_LG, float, nr * hp->n_vocab, lg);
+        if ((rc = dhc_read(s, dX + row0 * W, D->mtp_head_norm, &m->mtp_head_down, &m->mtp_head_up, NULL, nr, du,
+                           NULL)))
+            return rc;
+        if ((rc = mdl_dmatmul(s, &m->output, du, nr, lg))) return rc;
+    }
+    /* the copies down after every launch: one wait */
+    if (chain && (rc = mdl_dcopy(s, chain, dX + row0 * W, (size_t)(nr * W) * sizeof(float), DK_D2H))) return rc;
+    if (logits) return mdl_dcopy(s, logits, lg, (size_t)(nr * hp->n_vocab) * sizeof(float), DK_D2H);
+    return chain ? STRATA_OK : dk->sync(NULL);
 }
 
 /* ---------------------------------------------------------------- load */

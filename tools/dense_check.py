@@ -98,7 +98,8 @@ def routed_gib(path: str) -> float:
         return st["slot_bytes"] * n_exp * m.n_layer / 2**30
 
 
-def check(path: str, dense: str, budgets, pcies, n_prompt: int, n_gen: int, threads: int) -> list[dict]:
+def check(path: str, dense: str, budgets, pcies, n_prompt: int, n_gen: int, threads: int,
+          prefill_f16: bool = False) -> list[dict]:
     vocab = None
     rows = []
     work = Path(tempfile.mkdtemp(prefix="dense_check."))
@@ -116,7 +117,7 @@ def check(path: str, dense: str, budgets, pcies, n_prompt: int, n_gen: int, thre
     for b in budgets:
         for pf in pcies:
             kw = dict(threads=threads, device=device, dense=dense, cache_gib=b * total * 1.0001, pcie_frac=pf,
-                      tail_skip=0, expert_pack=None)
+                      tail_skip=0, expert_pack=None, prefill_f16=prefill_f16)
             with Model(path, **kw) as m:
                 m.trace_routing(str(work / "dev.jsonl"))
                 got = m.session().eval(ids, all_logits=True)
@@ -124,7 +125,7 @@ def check(path: str, dense: str, budgets, pcies, n_prompt: int, n_gen: int, thre
                 mtp = m.generate(ids, max_tokens=min(n_gen, 24), temperature=0, mtp=2).tokens if m.n_mtp else None
             tie, ties = routing_tie(work / "cpu.jsonl", work / "dev.jsonl", n_layer)
             rows_cmp = len(ids) if tie is None else tie   # rows after a routing near-tie are another model's
-            row = {"recipe": recipe, "budget": b, "pcie_frac": pf, "dense": dense,
+            row = {"recipe": recipe, "budget": b, "pcie_frac": pf, "dense": dense, "prefill_f16": prefill_f16,
                    "max_rel_logit_diff": rel(got[:rows_cmp], ref[:rows_cmp]) if rows_cmp else 0.0,
                    "logit_rows": rows_cmp, "routing_near_tie_row": tie,
                    "same_tokens": toks[:k] == ref_toks[:k], "decided": k}
@@ -150,13 +151,14 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=96)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
+    ap.add_argument("--prefill-f16", action="store_true", help="prefill products on cuBLAS's f16 path (Model(prefill_f16))")
     ap.add_argument("--json", dest="out", default=None, help="write the rows as a JSON list here")
     a = ap.parse_args()
     budgets = [float(x) for x in a.budgets.split(",")]
     pcies = [float(x) for x in a.pcie.split(",")]
     rows = []
     for path in a.models:
-        rows += check(path, a.dense, budgets, pcies, a.prompt, a.gen, a.threads)
+        rows += check(path, a.dense, budgets, pcies, a.prompt, a.gen, a.threads, a.prefill_f16)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
     bad = [r for r in rows if not r["pass"]]

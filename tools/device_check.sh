@@ -14,7 +14,8 @@
 #   4. one tiny model end to end: the GPU forward (--device cuda) against the C forward, greedy tokens
 #   Full stage:
 #   5. models: tiny in every recipe, expert-cache budgets 0 / 50 / 100 % x pcie_frac 0 / 0.5 / 1, and the MTP
-#      head (tools/dense_check.py: logits within 1e-2 of their spread, the same greedy tokens)
+#      head (tools/dense_check.py: logits within 1e-2 of their spread, the same greedy tokens); two recipes again
+#      with --prefill-f16 (rows marked "prefill_f16": true)
 #   6. tests/test_cuda.py and tests/test_dense_device.py (their GPU cases run)
 #   7. bench: the bench preset made here (DEVICE_CHECK_BENCH_PRESET, default bench; small when that cannot be
 #      made in time): prefill and decode tok/s, --device cpu, then cuda with --vram-gib 24 and 50 % of the
@@ -35,7 +36,7 @@ DIR=${DEVICE_CHECK_DIR:-/tmp/device_check}
 BUILD=$DIR/build
 MODELS=$DIR/models
 mkdir -p "$DIR" "$MODELS"
-rm -f "$DIR/bench.jsonl" "$DIR/ops.json" "$DIR/ops_device.txt" "$DIR/models.json"
+rm -f "$DIR/bench.jsonl" "$DIR/ops.json" "$DIR/ops_device.txt" "$DIR/models.json" "$DIR/models_f16.json"
 export DIR MODELS
 JOBS=$(nproc 2>/dev/null || echo 2)
 T_START=$(date +%s)
@@ -165,6 +166,9 @@ if [ $FAILED = 0 ]; then
   tiny=$(for r in f32 q8_0 q4_k_m iq2_xs nvfp4; do echo "$MODELS/tiny-$r.gguf"; done)
   step models_check 150 python3 tools/dense_check.py $tiny "$MODELS/tiny-q8_0-mtp.gguf" --dense "$SMOKE_DENSE" \
     --json "$DIR/models.json"
+  # --prefill-f16 (cuBLAS on f16 tiles, where the build has cuBLAS): the same judgement, one budget
+  step models_f16 60 python3 tools/dense_check.py "$MODELS/tiny-q8_0.gguf" "$MODELS/tiny-q4_k_m.gguf" \
+    --dense "$SMOKE_DENSE" --budgets 0.5 --pcie 0.5 --prefill-f16 --json "$DIR/models_f16.json"
   if [ "$DRY" = 1 ]; then
     step test_cuda_host 120 python3 -m pytest -q -x tests/test_cuda.py -k "host or refuses"
     skip test_gpu "DEVICE_CHECK_DRY=1"
@@ -243,7 +247,7 @@ if os.path.exists(f"{d}/ops.json"):
     for name, e in json.load(open(f"{d}/ops.json")).items():
         ops[name] = {"types": e["types"], "host": e["host"],
                      "device": dev_ops[name]["host"] if name in dev_ops else "skipped"}
-models = json.load(open(f"{d}/models.json")) if os.path.exists(f"{d}/models.json") else []
+models = [r for f in ("models.json", "models_f16.json") if os.path.exists(f"{d}/{f}") for r in json.load(open(f"{d}/{f}"))]
 bench = [json.loads(l) for l in open(f"{d}/bench.jsonl")] if os.path.exists(f"{d}/bench.jsonl") else []
 summary = {"gpu": gpu, "arch": arch, "ops": ops, "models": models, "bench": bench}
 out = os.environ.get("OUT") or d

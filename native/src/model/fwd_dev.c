@@ -6,15 +6,17 @@
  * K/V in kv_type, indexer keys, block summaries: state.c allocates every layer's state in the device's
  * memory), the MoE's router, shared expert and merge, the PLE layer on the rows its CPU worker gathered
  * (ple_layer.c mdl_ple_dev; its conv history is device state), the final mixer, the LM head and the MTP
- * head (mdl_mtp_step_dev). On the host: the routed experts, through the offload engine (its device cache,
- * staging ring and CPU pool; mdl_moe_experts), between the MoE input and routing copied down and the
- * experts' rows copied up. So a step waits for the device once per MoE layer (the CPU experts' handoff:
+ * head (mdl_mtp_step_dev). The routed experts go through the offload engine (mdl_moe_experts: its device
+ * cache and staging ring, whose groups read and write this device's memory when the expert device is this
+ * one, and the CPU pool), between the MoE input and routing copied down and the CPU pool's rows copied up.
+ * So a step waits for the device once per MoE layer (the CPU experts' handoff:
  * the host needs the routing) and once for the logits; copies up come from page-locked buffers and do not
  * wait (the PLE rows, the experts' rows). Every byte that crosses is counted (mdl_dcopy; offload stats).
  *
  * Products: the activations are rounded as strata_matmul rounds them (act_quant), then up to GEMV_MAX_ROWS
- * rows take the gemv kernel (the decode path) and more the gemm path (tiles of the weight decoded to float,
- * cuBLAS or its own product kernel, which sums in the gemv kernel's order). The GDN runs its recurrent form
+ * rows take the gemv kernel (the decode path) and more the gemm path (tiles of the weight decoded to float and
+ * a product kernel that sums in the gemv kernel's order, so that batches are invariant; --prefill-f16: f16
+ * tiles on cuBLAS). The GDN runs its recurrent form
  * for verify windows and short steps, the chunked form (closed chunks of 64) from GDN_CHUNK_MIN_ROWS rows on;
  * a step never leaves a chunk open across evals
  * (STRATA_EVAL_CONTINUED changes nothing here: the C path keeps one open only to make its bits independent

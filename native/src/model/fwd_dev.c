@@ -47,23 +47,26 @@ static strata_status dsess(strata_session *s) {
     return STRATA_OK;
 }
 
+/* *p (capacity *cap) replaced by a quarter more than bytes; 0, or the size it could not have. */
+static size_t regrow(void **p, size_t *cap, size_t bytes, void *(*alloc)(size_t), void (*release)(void *)) {
+    release(*p);
+    *p = NULL;
+    *cap = 0;
+    const size_t want = bytes + bytes / 4;
+    if (!(*p = alloc(want))) return want;
+    *cap = want;
+    return 0;
+}
+
 strata_status mdl_dbuf(strata_session *s, int which, size_t bytes, void **out) {
     strata_status rc = dsess(s);
     if (rc) return rc;
     struct mdl_dsess *d = s->ds;
-    if (d->cap[which] < bytes) {
-        d->dk->free(d->buf[which]);
-        d->buf[which] = NULL;
-        d->cap[which] = 0;
-        const size_t want = bytes + bytes / 4;
-        void *p = d->dk->alloc(want);
-        if (!p)
-            return strata_fail(STRATA_ERR_NOMEM, "device forward: the %s device has no room for %.1f MiB of work "
-                               "buffers; lower the expert cache (--cache-gib) or the step (--prefill-chunk)",
-                               d->dk->name, (double)want / (1 << 20));
-        d->buf[which] = p;
-        d->cap[which] = want;
-    }
+    size_t miss;
+    if (d->cap[which] < bytes && (miss = regrow(&d->buf[which], &d->cap[which], bytes, d->dk->alloc, d->dk->free)))
+        return strata_fail(STRATA_ERR_NOMEM, "device forward: the %s device has no room for %.1f MiB of work "
+                           "buffers; lower the expert cache (--cache-gib) or the step (--prefill-chunk)",
+                           d->dk->name, (double)miss / (1 << 20));
     *out = d->buf[which];
     return STRATA_OK;
 }
@@ -74,16 +77,10 @@ strata_status mdl_dhost(strata_session *s, int which, size_t bytes, void **out) 
     struct mdl_dsess *d = s->ds;
     if (d->host_cap[which] < bytes) {
         if (d->host[which] && (rc = d->dk->sync(NULL))) return rc;   /* a copy up from it may be queued */
-        d->dk->host_free(d->host[which]);
-        d->host[which] = NULL;
-        d->host_cap[which] = 0;
-        const size_t want = bytes + bytes / 4;
-        void *p = d->dk->host_alloc(want);
-        if (!p)
+        const size_t miss = regrow(&d->host[which], &d->host_cap[which], bytes, d->dk->host_alloc, d->dk->host_free);
+        if (miss)
             return strata_fail(STRATA_ERR_NOMEM, "device forward: no page-locked host memory for %.1f MiB of "
-                               "staging; lower the step (--prefill-chunk)", (double)want / (1 << 20));
-        d->host[which] = p;
-        d->host_cap[which] = want;
+                               "staging; lower the step (--prefill-chunk)", (double)miss / (1 << 20));
     }
     *out = d->host[which];
     return STRATA_OK;

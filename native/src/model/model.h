@@ -360,9 +360,9 @@ uint64_t mdl_dense_weight_bytes(const strata_model *m);
 /* The device bytes of one session's state at n tokens (the trunk's GDN and QSA layers). */
 uint64_t mdl_dense_state_bytes(const strata_model *m, int64_t n_tokens);
 
-/* state.c: the memory of layer il's state — the dense device's when the forward runs there (the MTP block's
- * too), else the heap (dk NULL). Zeroed allocation; copies of `kind` DK_* (memcpy on the heap). */
-const struct mdl_dk *mdl_state_dk(const strata_session *s, int il);
+/* state.c: the memory of the session's state is s->dk's — the dense device's when the forward runs there
+ * (every layer, the MTP block and the PLE history too), else the heap (dk NULL). Zeroed allocation; copies of
+ * `kind` DK_* (memcpy on the heap). */
 void *mdl_st_calloc(const struct mdl_dk *dk, size_t bytes);
 void mdl_st_free(const struct mdl_dk *dk, void *p);
 strata_status mdl_st_copy(const struct mdl_dk *dk, void *dst, const void *src, size_t bytes, int kind);

@@ -50,11 +50,11 @@ static void trim_blocks(strata_session *s, int64_t n_past) {
 
 static void free_slots(strata_session *s) {
     for (int il = 0; s->ls && il < s->n_ls; il++) {
-        mdl_st_free(mdl_state_dk(s, il), s->ls[il].S_slots);
-        mdl_st_free(mdl_state_dk(s, il), s->ls[il].conv_slots);
+        mdl_st_free(s->dk, s->ls[il].S_slots);
+        mdl_st_free(s->dk, s->ls[il].conv_slots);
         s->ls[il].S_slots = s->ls[il].conv_slots = NULL;
     }
-    mdl_st_free(s->dk, s->ple_conv_slots);   /* mdl_state_dk's memory for the PLE layer */
+    mdl_st_free(s->dk, s->ple_conv_slots);
     free(s->ple_ctx_slots);
     s->ple_conv_slots = NULL;
     s->ple_ctx_slots = NULL;
@@ -78,14 +78,14 @@ strata_status strata_session_set_spec_max(strata_session *s, int32_t n_max) {
     for (int il = 0; il < h->n_layer; il++) {
         if (m->layers[il].is_qsa) continue;
         mdl_layer_state *st = &s->ls[il];
-        st->S_slots = mdl_st_calloc(mdl_state_dk(s, il), (size_t)n_max * gdn_S_floats(h) * sizeof(float));
-        st->conv_slots = mdl_st_calloc(mdl_state_dk(s, il), (size_t)n_max * gdn_conv_floats(h) * sizeof(float) + 1);
+        st->S_slots = mdl_st_calloc(s->dk, (size_t)n_max * gdn_S_floats(h) * sizeof(float));
+        st->conv_slots = mdl_st_calloc(s->dk, (size_t)n_max * gdn_conv_floats(h) * sizeof(float) + 1);
         bytes += (uint64_t)n_max * (gdn_S_floats(h) + gdn_conv_floats(h)) * sizeof(float);
         if (!st->S_slots || !st->conv_slots) goto nomem;
     }
     if (h->ple_layer >= 0) {
         s->ple_conv_slots =
-            mdl_st_calloc(mdl_state_dk(s, h->ple_layer), (size_t)n_max * ple_conv_floats(h) * sizeof(float) + 1);
+            mdl_st_calloc(s->dk, (size_t)n_max * ple_conv_floats(h) * sizeof(float) + 1);
         s->ple_ctx_slots = malloc((size_t)n_max * MDL_MAX_NGRAM * sizeof(int32_t));
         bytes += (uint64_t)n_max * ple_conv_floats(h) * sizeof(float);
         if (!s->ple_conv_slots || !s->ple_ctx_slots) goto nomem;
@@ -114,14 +114,14 @@ strata_status strata_session_rollback(strata_session *s, int64_t n_past) {
     for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
         mdl_layer_state *st = &s->ls[il];
-        const mdl_dk *dk = mdl_state_dk(s, il);
+        const mdl_dk *dk = s->dk;
         rc = mdl_st_copy(dk, st->S, st->S_slots + (size_t)t * gdn_S_floats(h), gdn_S_floats(h) * sizeof(float), DK_D2D);
         if (!rc)
             rc = mdl_st_copy(dk, st->conv, st->conv_slots + (size_t)t * gdn_conv_floats(h),
                              gdn_conv_floats(h) * sizeof(float), DK_D2D);
     }
     if (!rc && h->ple_layer >= 0)
-        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), s->ple_conv, s->ple_conv_slots + (size_t)t * ple_conv_floats(h),
+        rc = mdl_st_copy(s->dk, s->ple_conv, s->ple_conv_slots + (size_t)t * ple_conv_floats(h),
                          ple_conv_floats(h) * sizeof(float), DK_D2D);
     if (rc) return rc;
     if (h->ple_layer >= 0)   /* the ids stay on the host (the gather worker hashes them there) */
@@ -171,13 +171,13 @@ strata_status strata_session_checkpoint(strata_session *s, strata_checkpoint **o
     strata_status rc = STRATA_OK;
     for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
-        const mdl_dk *dk = mdl_state_dk(s, il);
+        const mdl_dk *dk = s->dk;
         rc = mdl_st_copy(dk, p, s->ls[il].S, gdn_S_floats(h) * sizeof(float), DK_D2H);
         if (!rc) rc = mdl_st_copy(dk, p + gdn_S_floats(h), s->ls[il].conv, gdn_conv_floats(h) * sizeof(float), DK_D2H);
         p += per;
     }
     if (!rc && h->ple_layer >= 0)
-        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), c->ple_conv, s->ple_conv, ple_conv_floats(h) * sizeof(float),
+        rc = mdl_st_copy(s->dk, c->ple_conv, s->ple_conv, ple_conv_floats(h) * sizeof(float),
                          DK_D2H);
     if (rc) {
         strata_checkpoint_free(c);
@@ -204,13 +204,13 @@ strata_status strata_session_restore(strata_session *s, const strata_checkpoint 
     strata_status rc = STRATA_OK;
     for (int il = 0; il < h->n_layer && !rc; il++) {
         if (m->layers[il].is_qsa) continue;
-        const mdl_dk *dk = mdl_state_dk(s, il);
+        const mdl_dk *dk = s->dk;
         rc = mdl_st_copy(dk, s->ls[il].S, p, gdn_S_floats(h) * sizeof(float), DK_H2D);
         if (!rc) rc = mdl_st_copy(dk, s->ls[il].conv, p + gdn_S_floats(h), gdn_conv_floats(h) * sizeof(float), DK_H2D);
         p += per;
     }
     if (!rc && h->ple_layer >= 0)
-        rc = mdl_st_copy(mdl_state_dk(s, h->ple_layer), s->ple_conv, c->ple_conv, ple_conv_floats(h) * sizeof(float),
+        rc = mdl_st_copy(s->dk, s->ple_conv, c->ple_conv, ple_conv_floats(h) * sizeof(float),
                          DK_H2D);
     if (rc) return rc;
     if (h->ple_layer >= 0) memcpy(s->ple_ctx, c->ple_ctx, sizeof c->ple_ctx);

@@ -44,11 +44,6 @@ enum { STATE_CHUNK = 256 };   /* tokens of cache a session grows by, at least */
 /* Summary rows a layer of ratio r needs for n tokens. */
 static size_t blk_rows(int32_t r, int64_t n) { return r > 0 ? (size_t)(n / r + 1) : 1; }
 
-const mdl_dk *mdl_state_dk(const strata_session *s, int il) {
-    (void)il;   /* every layer's, the MTP block's too: the head runs on the device with the forward */
-    return s->dk;
-}
-
 void *mdl_st_calloc(const mdl_dk *dk, size_t bytes) {
     if (!dk) return calloc(1, bytes ? bytes : 1);
     void *p = dk->alloc(bytes);
@@ -111,7 +106,7 @@ strata_status mdl_session_reserve(strata_session *s, int64_t n_tokens) {
     for (int il = 0; il < s->n_ls; il++) {
         const mdl_layer *l = &m->layers[il];
         mdl_layer_state *st = &s->ls[il];
-        const mdl_dk *dk = mdl_state_dk(s, il);
+        const mdl_dk *dk = s->dk;
         if (!l->is_qsa) continue;
         if (!grow(dk, &st->k, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
         if (!grow(dk, &st->v, (size_t)old * per * es, (size_t)cap * per * es)) goto nomem;
@@ -158,7 +153,7 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
         mdl_layer_state *st = &s->ls[il];
         if (!l->is_qsa) {
             const size_t cd = 2 * (size_t)h->ssm_gk * (size_t)h->ssm_dk + (size_t)h->ssm_gv * (size_t)h->ssm_dk;
-            const mdl_dk *dk = mdl_state_dk(s, il);
+            const mdl_dk *dk = s->dk;
             st->conv = mdl_st_calloc(dk, ((size_t)(h->ssm_kc - 1) * cd + 1) * sizeof(float));
             st->S = mdl_st_calloc(dk, (size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk * sizeof(float));
             if (!st->conv || !st->S) goto nomem;
@@ -166,7 +161,7 @@ strata_status mdl_session_alloc(strata_model *m, strata_session *s) {
     }
     if (h->ple_layer >= 0) {   /* the PLE conv history: the device's memory when the layer runs there */
         const size_t hist = (size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd;
-        s->ple_conv = mdl_st_calloc(mdl_state_dk(s, h->ple_layer), (hist + 1) * sizeof(float));
+        s->ple_conv = mdl_st_calloc(s->dk, (hist + 1) * sizeof(float));
         if (!s->ple_conv) goto nomem;
     }
     s->cap = m->params.n_ubatch;
@@ -192,7 +187,7 @@ void mdl_session_release(strata_session *s) {
     s->tokens = NULL;
     for (int il = 0; s->ls && il < s->n_ls; il++) {
         mdl_layer_state *st = &s->ls[il];
-        const mdl_dk *dk = mdl_state_dk(s, il);
+        const mdl_dk *dk = s->dk;
         mdl_st_free(dk, st->conv); mdl_st_free(dk, st->S); mdl_st_free(dk, st->k); mdl_st_free(dk, st->v);
         mdl_st_free(dk, st->kv_scale); mdl_st_free(dk, st->idx_k); mdl_st_free(dk, st->blk);
         free(st->open);
@@ -201,7 +196,7 @@ void mdl_session_release(strata_session *s) {
     free(s->ls);
     s->ls = NULL;
     s->n_ls = 0;
-    mdl_st_free(s->dk, s->ple_conv);   /* mdl_state_dk's memory for the PLE layer (release reads no model) */
+    mdl_st_free(s->dk, s->ple_conv);   /* release reads no model: s->dk */
     free(s->X); free(s->u); free(s->y); free(s->c);
     s->ple_conv = s->X = s->u = s->y = s->c = NULL;
 }
@@ -221,7 +216,7 @@ void mdl_session_clear(strata_session *s) {
             const size_t cd = 2 * (size_t)h->ssm_gk * (size_t)h->ssm_dk + (size_t)h->ssm_gv * (size_t)h->ssm_dk;
             const size_t conv_b = (size_t)(h->ssm_kc - 1) * cd * sizeof(float);
             const size_t S_b = (size_t)h->ssm_gv * (size_t)h->ssm_dk * (size_t)h->ssm_dk * sizeof(float);
-            const mdl_dk *dk = mdl_state_dk(s, il);
+            const mdl_dk *dk = s->dk;
             if (dk) {   /* a failure here is the device's: the next eval's first kernel reports it */
                 (void)dk->zero(st->conv, conv_b, NULL);
                 (void)dk->zero(st->S, S_b, NULL);
@@ -234,7 +229,7 @@ void mdl_session_clear(strata_session *s) {
     if (h->ple_layer >= 0) {
         const size_t ple_b = (size_t)(h->ple_kp - 1) * (size_t)h->ple_n * (size_t)h->hc * (size_t)h->n_embd *
                              sizeof(float);
-        const mdl_dk *dk = mdl_state_dk(s, h->ple_layer);
+        const mdl_dk *dk = s->dk;
         if (dk) (void)dk->zero(s->ple_conv, ple_b, NULL);   /* as the GDN's: a failure shows at the next eval */
         else memset(s->ple_conv, 0, ple_b);
         for (int i = 0; i < h->ple_n - 1; i++) s->ple_ctx[i] = (int32_t)h->ple_eos;

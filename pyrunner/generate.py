@@ -407,7 +407,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
         # output is the same whatever the choice; a seeded request's is then the output without drafts)
         seeded = not sampler.is_greedy and sampler.params.seed not in (None, -1)
         if getattr(model, "n_mtp", 0) >= 1 and not seeded:
-            policy = DraftPolicy(getattr(model, "mtp_max", MTP_MAX_DEFAULT))
+            policy = DraftPolicy(getattr(model, "mtp_max", MTP_MAX_DEFAULT), getattr(model, "mtp_ratios", None))
         mtp = policy.k_max if policy is not None else 0
     drafter = MTPDecoder(sess, sampler, mtp, draft_hook) if mtp > 0 else None
 
@@ -438,6 +438,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     history = list(ids)            # what the penalties look at: prompt + sampled tokens
     n_sampled = 0
     step = 0
+    quiet = 0                                   # --mtp auto: plain windows left that skip the policy
     reason = error = None
     new = [] if limit == 0 else [sampler.sample(logits, history)]
     if limit == 0:
@@ -462,7 +463,11 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
         tok = new[-1]
         step += 1
         try:
-            if drafter is None:
+            if drafter is None or quiet:
+                if quiet:                        # DraftPolicy.quiet_windows(): plain for sure, no row kept
+                    quiet -= 1
+                    policy.count_plain()
+                    drafter.plain_steps += 1
                 trace.label(f"decode step {step}")
                 with trace.span("decode step", "decode", step=step):
                     new = [sampler.sample(sess.eval([tok]), history)]
@@ -476,7 +481,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                     p0, a0, t_w, e_w = drafter.proposed, drafter.accepted, time.perf_counter(), drafter.prompt_extend_s
                 trace.label(f"decode window {step} (MTP, up to {k} drafts)")
                 with trace.span("decode window", "decode", step=step, drafts=k):
-                    new = drafter.round(tok, history, k) if k > 0 or policy is None else drafter.plain(tok, history)
+                    new = drafter.round(tok, history, k) if k > 0 or policy is None else \
+                        drafter.plain(tok, history, policy.rows_wanted())
                 if policy is not None:
                     dt = time.perf_counter() - t_w - (drafter.prompt_extend_s - e_w)
                     proposed = drafter.proposed - p0
@@ -485,6 +491,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                         # time: it counts for acceptance only (DraftPolicy.observe)
                         model.mtp_warm, dt = True, None
                     policy.observe(k, proposed, drafter.accepted - a0, dt)
+                    quiet = policy.quiet_windows() if k == 0 else 0
         except StrataError as e:
             e = trace.as_watchdog(e)
             if not isinstance(e, trace.WatchdogError):
@@ -502,6 +509,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
         stats.update(drafter.stats())
     if policy is not None:
         stats.update(policy.stats())
+        if hasattr(model, "mtp_ratios"):
+            model.mtp_ratios = policy.ratios() or model.mtp_ratios   # the next request starts from them
     stats.update(_offload_stats(model, off0))
     stats.update(_store_stats(model, xs0))
     if ple0 is not None:

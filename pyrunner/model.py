@@ -244,6 +244,7 @@ class Model:
             raise ValueError(f"mtp_max must be >= 1 (got {mtp_max})")
         self.mtp_max = int(mtp_max)            # the most drafts mtp="auto" tries
         self.mtp_warm = False                  # a window with drafts has run (generate(): the first is cold)
+        self.mtp_ratios: dict = {}             # --mtp auto: the last request's window costs (DraftPolicy.ratios)
         self.pcie_frac_fixed = pcie_frac is not None
         _warn_threads_over_cores(threads)
         p = ffi.new("strata_model_params *", lib.strata_model_default_params())

@@ -208,7 +208,7 @@ class MTPDecoder:
             self.sess.rollback(p + 1 + n_new, logits=L[n_new], hidden=H[n_new])
             self.rollback_s += time.perf_counter() - t0
 
-    def plain(self, x: int, history: list[int]) -> list[int]:
+    def plain(self, x: int, history: list[int], keep_row: bool = True) -> list[int]:
         """A step without drafts (--mtp auto chose none): x alone, as the one-token loop evaluates it, with
         its pre-mixer row kept. The head does not run on plain steps (it would cost a good share of a
         step): only the last REFRESH_ROWS rows are kept, the prompt's included, which the next drafting
@@ -216,8 +216,16 @@ class MTPDecoder:
         prompt: on flash-small that extend cost ~4 % of a 512-token decode after a 512-token prompt). The
         head's cache holds nothing for the positions in between (zeros, or an earlier text's rows): its
         drafts may be worse for it, never wrong, since the verify window decides (on flash-small's
-        held-out text, k = 2 took 0.55 of its drafts after the prompt's last 8 rows, 0.48 after all 256)."""
+        held-out text, k = 2 took 0.55 of its drafts after the prompt's last 8 rows, 0.48 after all 256).
+        keep_row False (DraftPolicy.rows_wanted: no window can draft before REFRESH_ROWS more plain ones):
+        the step is exactly the one-token loop's, no row is kept and the rows kept so far go (the next
+        drafting window's would not follow them); on flash-small keeping a row cost ~4 us of a ~0.5 ms step."""
         sess = self.sess
+        if not keep_row:
+            self._rows = None
+            self.draft_logits = self.chain = None
+            self.plain_steps += 1
+            return [self.sampler.sample(sess.eval([x]), history)]
         if self._rows is not None and self._rows[3]:  # the prompt's: its last rows wait like plain steps'
             rows, nxt, p0, _ = self._rows
             rows = np.concatenate(rows)
@@ -275,7 +283,8 @@ class DraftPolicy:
         (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
         the last ~20 of them; a surprise (below) keeps only FORGET of the old evidence and is followed by
         another probe at once, so a change of the text is followed within a few windows, even while the
-        current k drafts little or nothing);
+        current k drafts little or nothing; not while k = 0 runs and no k > 0 could beat it even with every
+        draft taken, as on flash-small: acceptance cannot change that choice);
       - the time of a window by its k, its drafting, verify, rollback and extend all included (so on the
         offload paths, the missed experts its extra tokens touch): the current k's is the median of its
         last TIMES windows (one slow window does not move it; k = 0 is a plain step), and every other k's
@@ -326,7 +335,11 @@ class DraftPolicy:
     EXPLORE_MAX = 256
     FIRST_PROBE = 3
 
-    def __init__(self, k_max: int = MTP_MAX_DEFAULT):
+    def __init__(self, k_max: int = MTP_MAX_DEFAULT, ratios: dict | None = None):
+        """ratios: an earlier request's ratios() on the same model ({k: a window of k drafts over a plain
+        step}), each taken as one measurement of its k: when none of them could beat a plain step even with
+        every draft taken, the request skips its first probe (on flash-small, a k = 3 window costs ~5.7
+        plain steps: ~0.7 % of a 512-token decode), and the probes every EXPLORE_MAX windows refresh them."""
         if k_max < 1:
             raise ValueError(f"mtp-max {k_max}: give at least 1 draft")
         self.k_max = int(k_max)
@@ -355,6 +368,17 @@ class DraftPolicy:
         self.k_sum = 0
         self.k_count = [0] * (self.k_max + 1)
         self.history: list = []                 # (window, k) whenever the current k changes
+        self._carried = False
+        for j, r in (ratios or {}).items():
+            if 1 <= int(j) <= self.k_max and r and r > 0:
+                self._ratio[int(j)].append(float(r))
+                self._ratio_med[int(j)] = float(r)
+                self._carried = True
+
+    def ratios(self) -> dict:
+        """{k: the median ratio of a window of k drafts to a plain step} for every k > 0 measured (the next
+        request's DraftPolicy(ratios=...))."""
+        return {j: r for j, r in enumerate(self._ratio_med) if j > 0 and r is not None}
 
     def _cached_rates(self) -> list:
         """rates(), recomputed when a window drafted or every few plain ones (a plain step of a small model
@@ -418,6 +442,34 @@ class DraftPolicy:
             if j != self.cur and (j == 0 or c is None or (j + 1) / c > self.HYSTERESIS * rates[self.cur]):
                 out.append(j)
         return out
+
+    def quiet_windows(self) -> int:
+        """After choose() gave k = 0: how many windows from this one on are plain for sure and keep no row
+        (rows_wanted() False for each): generate() runs them as the one-token loop does, without choose()
+        or observe() (count_plain() counts them), so a request that never drafts pays the policy's ~5 us a
+        window (flash-small: ~1 % of a step) only within REFRESH_ROWS windows of a probe."""
+        if self.cur != 0 or self._probe_again or self._rates is None or self.windows <= self.FIRST_PROBE:
+            return 0
+        return max(0, self._last_probe + self._gap - REFRESH_ROWS - self.windows)
+
+    def count_plain(self) -> None:
+        """One of quiet_windows(): counted, not timed (the times of the plain windows just before the
+        next probe are its reference)."""
+        self.windows += 1
+        self.k_count[0] += 1
+
+    def rows_wanted(self) -> bool:
+        """Whether the window choose() just gave k = 0 should keep its pre-mixer row (MTPDecoder.plain): a
+        drafting window extends the rows of the REFRESH_ROWS windows before it. False only while k = 0 is
+        current, no decision is pending and the next probe is more than REFRESH_ROWS windows away. While
+        k = 0 runs, plain windows move only t_0, which moves no decision (_cached_rates), and the gap
+        between probes can then only grow (calm comes: EXPLORE / EXPLORE_FAR become the budgeted gap, at
+        least as long), so a probe never comes sooner than this reckons."""
+        return self.quiet_windows() == 0
+
+    def _drafts_could_pay(self) -> bool:
+        """Some k > 0 is among _hopeful(): its window, every draft taken, could beat the current k."""
+        return any(j > 0 for j in self._hopeful(self.rates()))
 
     def _next_probe(self) -> int:
         """The k the next probe runs: k_max and the least recently measured other k in turn."""
@@ -498,6 +550,9 @@ class DraftPolicy:
             k = 0
         elif self._probe_again and self.cur != self.k_max:
             k = self.k_max
+        elif w == self.FIRST_PROBE and self._carried and not self._drafts_could_pay():
+            self._last_probe = w                      # the carried ratios stand for this probe (__init__)
+            k = self.cur
         elif w == self.FIRST_PROBE or (w > self.FIRST_PROBE and w - self._last_probe >= self._probe_gap()):
             k = self._next_probe()
             self._last_probe = w
@@ -555,6 +610,15 @@ class DraftPolicy:
                 return
         if seconds is None:
             return
+        self._record(proposed, seconds)
+        if self._probe_again and self.cur == 0 and not self._drafts_could_pay():
+            # a surprise says the acceptance moved; with no window able to beat a plain step even with
+            # every draft taken (flash-small: k = 3 costs ~5.7 plain steps), acceptance cannot change the
+            # choice, and probing again at once would only cost
+            self._probe_again = False
+
+    def _record(self, proposed: int, seconds: float) -> None:
+        """A timed window's seconds: its ratio to the k it is compared with, and its k's median."""
         kk = proposed if proposed > 0 else 0
         # side by side: a probe with the current k, and the first window after a change of k with the k it
         # left (each against that k's median of the moment). Without the latter a change made on one lucky

@@ -544,8 +544,10 @@ def test_generate_times_all_but_a_process_first_drafting_window(model, monkeypat
     ids = prompt(400, 20)
     ref = generate(model, ids, max_tokens=40, temperature=0, session=model.session(), mtp=0)
     monkeypatch.setattr(model, "mtp_warm", False)
+    monkeypatch.setattr(model, "mtp_ratios", {})
     for request in range(2):
         seen.clear()
+        model.mtp_ratios = {}        # no carried costs: each request probes (test_auto_policy_carries_...)
         c = generate(model, ids, max_tokens=40, temperature=0, session=model.session(), mtp="auto")
         assert c.tokens == ref.tokens and model.mtp_warm
         first = next(i for i, (proposed, _) in enumerate(seen) if proposed > 0)
@@ -584,6 +586,7 @@ def test_greedy_output_with_auto_drafts_is_the_output_without(model, rate):
         ids = prompt(300 + i, n)
         ref = generate(model, ids, max_tokens=150, temperature=0, session=model.session())
         full = ids + ref.tokens
+        model.mtp_ratios = {}        # no costs carried from an earlier request: it probes
         c = generate(model, ids, max_tokens=150, temperature=0, session=model.session(), mtp="auto",
                      draft_hook=forcing_hook(full, rate, seed=i))
         assert c.tokens == ref.tokens and c.finish_reason == ref.finish_reason, (n, rate)
@@ -592,3 +595,62 @@ def test_greedy_output_with_auto_drafts_is_the_output_without(model, rate):
             assert c.stats["acceptance_rate"] > 0.9
     with pytest.raises(ValueError, match="'auto'"):
         generate(model, ids, max_tokens=2, mtp="sometimes")
+
+
+def test_auto_policy_carries_costs_and_keeps_rows_only_near_a_probe(model, monkeypatch):
+    """mtp="auto" on a model whose drafts cannot pay: plain windows keep their pre-mixer row only within
+    REFRESH_ROWS windows of a probe (each drafting window finds the rows of the plain ones just before
+    it; the others run as the one-token loop, the policy only counting them), greedy output stays the
+    output without drafts, the request's window costs are left on the Model, and the next request skips
+    its first probe when those costs say no k > 0 could beat a plain step, not when they say one could."""
+    import pyrunner.generate as gen
+    from pyrunner.mtp import REFRESH_ROWS, DraftPolicy, MTPDecoder
+
+    windows = []                                  # per window: k, and keep_row for plain ones
+
+    class Recording(DraftPolicy):
+        EXPLORE_MAX = 24                          # probes recur within the request
+
+        def observe(self, k, proposed, accepted, seconds):
+            windows[-1][0] = k
+            super().observe(k, proposed, accepted, seconds)
+
+        def count_plain(self):                    # a quiet window: the one-token loop's step, no row
+            windows.append([0, False])
+            super().count_plain()
+
+    real_plain, real_round = MTPDecoder.plain, MTPDecoder.round
+
+    def plain(self, x, history, keep_row=True):
+        windows.append([None, keep_row])
+        return real_plain(self, x, history, keep_row)
+
+    def round_(self, x, history, k=None):
+        windows.append([None, None])
+        return real_round(self, x, history, k)
+
+    monkeypatch.setattr(gen, "DraftPolicy", Recording)
+    monkeypatch.setattr(MTPDecoder, "plain", plain)
+    monkeypatch.setattr(MTPDecoder, "round", round_)
+    monkeypatch.setattr(model, "mtp_ratios", {})
+    ids = prompt(410, 30)
+    ref = generate(model, ids, max_tokens=120, temperature=0, session=model.session(), mtp=0)
+    hopeless = {1: 5.0, 2: 6.0, 3: 7.0}          # a window of k drafts at 5-7 plain steps: k + 1 tokens lose
+    for carried in ({}, hopeless, {1: 1.1, 2: 1.2, 3: 1.3}):
+        windows.clear()
+        model.mtp_ratios = dict(carried)
+        c = generate(model, ids, max_tokens=120, temperature=0, session=model.session(), mtp="auto",
+                     draft_hook=forcing_hook(ids + ref.tokens, 0.7, seed=1))
+        assert c.tokens == ref.tokens
+        drafting = [i for i, (k, _) in enumerate(windows) if k]
+        assert drafting, windows
+        if carried is hopeless:
+            assert drafting[0] > DraftPolicy.FIRST_PROBE, drafting
+        else:
+            assert drafting[0] == DraftPolicy.FIRST_PROBE, drafting
+        for i in drafting:                        # the plain windows before a probe kept their rows
+            assert all(keep for k, keep in windows[max(0, i - REFRESH_ROWS + 1):i] if k == 0), (i, windows)
+        if carried is not hopeless and all(c_ > 1.5 for c_ in model.mtp_ratios.values()):
+            assert any(keep is False for _, keep in windows), windows      # and only those
+        assert model.mtp_ratios and all(r > 0 for r in model.mtp_ratios.values())
+        assert len(windows) == c.stats["mtp_k_windows"][0] + len(drafting)

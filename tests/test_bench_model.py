@@ -141,7 +141,7 @@ def test_mtp_next_to_plain_decode_at_forced_rates(tmp_path):
 def test_mtp_auto_next_to_every_fixed_k(tmp_path):
     """bench model --mtp auto: auto and k = 0..mtp-max side by side with the head's own drafts, at every
     forced rate and on the switching schedule (the JSON the issue names); every run decodes the same
-    greedy tokens; forced rate 1 takes every draft auto made."""
+    greedy tokens; forced rate 1 takes every draft auto made; the first auto run probes."""
     path = tmp_path / "tiny-mtp.gguf"
     make_model("tiny", str(path), "f32", 0, mtp=True)
     r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--json", "--mtp", "auto", "--mtp-max", "2",
@@ -156,7 +156,10 @@ def test_mtp_auto_next_to_every_fixed_k(tmp_path):
         assert row["auto"]["same_tokens"] and all(f["same_tokens"] for f in row["fixed"].values())
         assert 0 <= row["auto"]["mtp_k"] <= 2 and row["vs_best_fixed"] > 0
     one = next(f for f in res["forced"] if f["rate"] == 1.0)
-    assert one["auto"]["drafts_accepted"] == one["auto"]["drafts_proposed"] > 0
+    assert one["auto"]["drafts_accepted"] == one["auto"]["drafts_proposed"]
+    # the process's first auto request probes; later ones may not, when the costs it carried (Model.mtp_ratios)
+    # say no draft can pay on this tiny model (DraftPolicy(ratios=...))
+    assert res["natural"]["auto"]["drafts_proposed"] > 0
     assert one["fixed"]["0"]["drafts_proposed"] == 0
     assert "auto/best" in bench.format_mtp_auto_table(res)
     r = CliRunner().invoke(main, ["bench", "model", "-m", str(path), "--mtp", "often"])

@@ -323,6 +323,29 @@ def test_legacy_several_column_rows_kernel(name, isa):
     matmul_equals_scalar(name, isa, cases, rng)
 
 
+def test_q8_0_amx_tiles():
+    """Q8_0 products of 12..16 columns on AMX tiles (amx_legacy.c: the codes read straight from the rows
+    into tiles, one block per product, the float steps in vec_dot's order), bit for bit against the
+    scalar path: rows of 1..9 blocks, around the 32-block chunk of sums (31..33, 64, 65: the columns'
+    layout leaves the stack past 64 blocks), the longest row it takes (512 blocks) and the first it hands
+    back (513), and 11 columns (the AVX-512 kernel's); extreme codes included. 600 rows on 2 threads: matmul
+    hands the kernel tasks of 37 rows (75 at one block), so every product has whole groups of 16 rows and
+    a partial one (checked once: with the tiles' float step mutated, every case but the all-zero blocks, the
+    513-block rows and the 11 columns fails). Runs where the amx path does."""
+    need_isa("amx")
+    rng = np.random.default_rng(seed("Q8_0", "amx"))
+    ctx = Context(threads=2)
+    cases = [(600, 32 * b, 12 + b % 5) for b in range(1, 10)] + \
+            [(600, 32 * b, 16) for b in (31, 32, 33, 64, 65)] + [(600, 16384, 13), (600, 16416, 16), (600, 256, 11)]
+    for i, (rows, cols, n) in enumerate(cases):
+        kind = KINDS[i % len(KINDS)]
+        data = make_blocks("Q8_0", rows * cols, kind, rng)
+        x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
+        a = quant.matmul("Q8_0", data, rows, cols, x, isa="scalar", ctx=ctx)
+        b = quant.matmul("Q8_0", data, rows, cols, x, isa="amx", ctx=ctx)
+        assert_bits_equal(a, b, f"Q8_0 amx {kind} {rows}x{cols} n={n}")
+
+
 def matmul_equals_scalar(name, isa, cases, rng):
     """Each (rows, cols, n) product on path isa bit for bit against the scalar path, block kinds and
     activation styles taken in turn."""

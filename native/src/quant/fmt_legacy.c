@@ -21,6 +21,7 @@
 
 #include "../kernels/cpu/avx2_legacy.h"
 #include "../kernels/cpu/avx512_legacy.h"
+#include "../kernels/cpu/amx_legacy.h"
 
 enum { QK = 32 };
 
@@ -221,4 +222,9 @@ void strata_quant_register_legacy(strata_qtraits *t) {
     LEGACY(GT_Q5_0, "Q5_0", 22, q5_0);
     LEGACY(GT_Q5_1, "Q5_1", 24, q5_1);
     LEGACY(GT_Q8_0, "Q8_0", 34, q8_0);
+#if STRATA_HAVE_AMX
+    /* several columns on AMX tiles (amx_legacy.c); vec_dot and the one-column rows stay AVX-512's */
+    t[GT_Q8_0].rows[STRATA_ISA_IDX_AMX] = strata_amx_rows_q8_0;
+    t[GT_Q8_0].rows_when[STRATA_ISA_IDX_AMX] = STRATA_ROWS_MULTI | STRATA_ROWS_SHORT1;
+#endif
 }

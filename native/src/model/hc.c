@@ -39,6 +39,32 @@ void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c) {
     for (int64_t i = 0; i < n; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
 }
 
+/* The per-row steps of a read (the norms, the mix: 2 x hc x E expf a row) go over the pool, a task a
+ * row, from this many rows on (batched decode, prefill); each row runs the same code on any thread,
+ * so the bits do not change. 8-sequence decode of flash-small on 2 threads: the caller ran them alone
+ * while the worker spun (perf: mdl_hc_read + expf ~9 % of a step). */
+enum { HC_POOL_MIN_ROWS = 4 };
+
+typedef struct {
+    const strata_model *m;
+    const float *X, *norm, *g;
+    float *xh, *u;
+} hc_rows;
+
+static void hc_norm_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const hc_rows *j = arg;
+    const int64_t E = j->m->hp.n_embd, hc = j->m->hp.hc, W = hc * E;
+    mdl_group_rmsnorm(j->X + t * W, j->norm, hc, E, j->m->hp.eps, j->xh + t * W);
+}
+
+static void hc_mix_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const hc_rows *j = arg;
+    const int64_t E = j->m->hp.n_embd, hc = j->m->hp.hc, W = hc * E;
+    mdl_hc_mix(j->g + t * W, j->xh + t * W, 1, hc, E, j->u + t * E);
+}
+
 strata_status mdl_hc_read(const strata_model *m, const float *X, const float *norm, const mdl_mat *down,
                           const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c) {
     const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
@@ -47,11 +73,13 @@ strata_status mdl_hc_read(const strata_model *m, const float *X, const float *no
     float *a = malloc((size_t)(L * (R > hc ? R : hc)) * sizeof(float));
     strata_status rc = STRATA_OK;
     if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
-    for (int64_t t = 0; t < L; t++) mdl_group_rmsnorm(X + t * W, norm, hc, E, m->hp.eps, xh + t * W);
+    strata_pool *pool = L >= HC_POOL_MIN_ROWS ? m->pool : NULL;
+    const hc_rows rows = {.m = m, .X = X, .norm = norm, .g = g, .xh = xh, .u = u};
+    strata_pool_run(pool, hc_norm_task, (void *)&rows, L);
     if ((rc = mdl_matmul(m, down, 0, xh, L, a))) goto done;
     mdl_hc_act(a, L * R, hc);
     if ((rc = mdl_matmul(m, up, 0, a, L, g))) goto done;
-    mdl_hc_mix(g, xh, L, hc, E, u);
+    strata_pool_run(pool, hc_mix_task, (void *)&rows, L);
     if (inject) {
         if ((rc = mdl_matmul(m, inject, 0, xh, L, a))) goto done;
         mdl_hc_inject_act(a, L * hc, hc, c);

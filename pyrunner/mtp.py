@@ -280,8 +280,11 @@ class DraftPolicy:
     from what this request measures as it decodes:
 
       - acceptance by draft position: a_j / n_j, the share of windows that reached draft j and took it
-        (a prior of one in two; both counts decay by DECAY per drafting window, so the estimate rests on
-        the last ~20 of them; a surprise (below) keeps only FORGET of the old evidence and is followed by
+        (a prior of one in two; both counts of draft j decay by DECAY per window that reached it, so the
+        estimate rests on the last ~20 of them: a draft past the current k, which only probes reach, keeps
+        their evidence between them instead of sliding back to the prior, which held the policy at k = 2
+        where every draft was taken and k = 3 was better; a surprise (below) keeps only FORGET of every
+        draft's old evidence and is followed by
         another probe at once, so a change of the text is followed within a few windows, even while the
         current k drafts little or nothing; not while k = 0 runs and no k > 0 could beat it even with every
         draft taken, as on flash-small: acceptance cannot change that choice);
@@ -597,11 +600,14 @@ class DraftPolicy:
                 self._run = surprise
             if surprise and (not probe or p <= self.P_SURPRISE):
                 self._moved = self.windows
-            keep = self.FORGET if surprise else self.DECAY
-            self.n *= keep
-            self.a *= keep
-            self._probe_again = surprise and self._probes_in_row < 3
             reached = min(accepted + 1, proposed)
+            if surprise:                              # the text changed: every draft's evidence goes
+                self.n *= self.FORGET
+                self.a *= self.FORGET
+            else:                                     # only what this window measured ages (class docstring)
+                self.n[1:reached + 1] *= self.DECAY
+                self.a[1:reached + 1] *= self.DECAY
+            self._probe_again = surprise and self._probes_in_row < 3
             self.n[1:reached + 1] += 1.0
             self.a[1:accepted + 1] += 1.0
             if seconds is None:

@@ -445,6 +445,30 @@ def test_auto_policy_keeps_its_choice_while_the_host_speed_drifts():
         assert auto >= 0.975 * best, (seed, auto, best)
 
 
+def test_auto_policy_keeps_what_probes_learned_of_drafts_past_its_k():
+    """A draft past the current k is measured by probes alone; windows that do not reach it must not age
+    its evidence back to the prior. Every draft taken, windows as this host measured on the bench preset
+    (k = 3 the best, 3.7 % over k = 2): the policy ends at k = 3 on every stream (it stayed at k = 2 on four
+    of six while each k = 2 window decayed draft 3's counts, its estimate sliding to 0.6-0.7 between
+    probes); and a direct check: 40 windows of two drafts leave draft 3's estimate where a probe put it."""
+    from pyrunner.mtp import DraftPolicy
+
+    host = lambda k: (1.0, 1.51, 2.00, 2.57)[k]      # noqa: E731
+    for seed in range(6):
+        p = DraftPolicy(3)
+        ks, auto = _simulate(p, 400, lambda w: 1.0, host, seed)
+        best = max(_simulate(k, 400, lambda w: 1.0, host, seed)[1] for k in range(4))
+        assert p.cur == 3 and p.acceptance()[2] > 0.9, (seed, p.cur, p.acceptance())
+        assert auto >= 0.96 * best, (seed, auto, best)
+    p = DraftPolicy(3)
+    p.observe(3, 3, 3, None)
+    after_probe = p.acceptance()[2]
+    for _ in range(40):
+        p.observe(2, 2, 2, None)
+    assert p.acceptance()[2] == after_probe
+    assert p.acceptance()[1] > 0.95
+
+
 def test_auto_policy_does_not_flap_after_one_lucky_probe():
     """One probe timed in a fast spell makes k = 1 look better than plain steps (its window at 1.5 plain
     steps where it costs 2.3, every draft taken). The policy changes to k = 1; the first window after a

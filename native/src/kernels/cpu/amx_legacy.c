@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "avx512_legacy.h"
+#include "avx512_tr.h"
 
 enum {
     AMX_TR = 16,        /* weight rows per tile */
@@ -61,28 +62,13 @@ static void amx_configure(int ncols) {
 }
 
 /* Block b of every column as a B tile (bt: 8 rows of 16 dwords, lane c of row k = column c's codes
- * 4k..4k+3) and the columns' scales (dx, 0 past ncols). q[c]: column c's block (zeros past ncols).
- * The 16 x 8 dword transpose pairs column i with i + 8 in one zmm, then unpacks and permutes. */
+ * 4k..4k+3). q[c]: column c's block (zeros past ncols). */
 static inline void amx_columns(const int8_t *const *q, __m512i *bt) {
-    __m512i v[8], t[8], u[8];
+    __m512i v[8];
     for (int i = 0; i < 8; i++)
         v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q[i])),
                                   _mm256_loadu_si256((const __m256i *)q[i + 8]), 1);
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) {
-        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-    }
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    for (int i = 0; i < 4; i++) {
-        _mm512_store_si512(&bt[i], _mm512_permutex2var_epi64(u[i], lo, u[4 + i]));
-        _mm512_store_si512(&bt[4 + i], _mm512_permutex2var_epi64(u[i], hi, u[4 + i]));
-    }
+    strata_tr16x8_epi32(v, bt);
 }
 
 /* The float step of block b for one row: its sums (16 columns), the row's weight scale, the columns'
@@ -149,8 +135,11 @@ void strata_amx_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows,
                     for (int r = 0; r < nr; r++) memcpy(tail[b][r], blk + (size_t)r * w_row + 2, 32);
             }
             /* the next group's rows (contiguous) while this one computes */
-            if (r0 + AMX_TR < nrows && k0 == 0)
-                for (size_t o = 0; o < (size_t)AMX_TR * w_row; o += 64) _mm_prefetch((const char *)wr + (size_t)AMX_TR * w_row + o, _MM_HINT_T0);
+            if (r0 + AMX_TR < nrows && k0 == 0) {
+                const int64_t next = nrows - r0 - AMX_TR < AMX_TR ? nrows - r0 - AMX_TR : AMX_TR;
+                for (size_t o = 0; o < (size_t)next * w_row; o += 64)
+                    _mm_prefetch((const char *)wr + (size_t)AMX_TR * w_row + o, _MM_HINT_T0);
+            }
             /* two blocks' products in flight before either is stored */
             for (int b = 0; b < kn; b += 2) {
                 const int two = b + 1 < kn;

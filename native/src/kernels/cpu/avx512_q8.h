@@ -33,6 +33,7 @@
 
 #include "avx2_common.h"
 #include "avx2_q8.h"
+#include "avx512_tr.h"
 
 typedef enum { Z8_Q4_0, Z8_Q4_1, Z8_Q5_0, Z8_Q5_1, Z8_Q8_0, Z8_IQ4_NL, Z8_MXFP4, Z8_NVFP4 } z8fmt;
 
@@ -261,29 +262,14 @@ static inline void z8r_decode(z8fmt f, const uint8_t *const *rp, const size_t *r
     const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)w_row));
     const __mmask16 live = (__mmask16)((1u << nr) - 1u);
-    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     for (int b = 0; b < kn; b++) {
         const uint8_t *p[Z8R_ROWS];
         for (int r = 0; r < Z8R_ROWS; r++) p[r] = rp[r] + rs[r] * (size_t)(k0 + b);
-        /* v[i]: row i (low 256 bits) and row i + 8 (high); then an 8 x 8 dword transpose per half */
-        __m512i v[8], t[8], u[8];
+        /* v[i]: row i (low 256 bits) and row i + 8 (high) */
+        __m512i v[8];
         for (int i = 0; i < 8; i++)
             v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(z8_values(f, p[i])), z8_values(f, p[i + 8]), 1);
-        for (int i = 0; i < 4; i++) {
-            t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-        }
-        /* u[4h + i], i < 4: 128-bit lanes = rows 4h..4h+3 (and 8 + 4h..) of operand groups i, 4 + i */
-        for (int h = 0; h < 2; h++) {
-            u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-            u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-            u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-            u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-        }
-        for (int i = 0; i < 4; i++) {
-            _mm512_store_si512(&ch->w[b][i], _mm512_permutex2var_epi64(u[i], lo, u[4 + i]));
-            _mm512_store_si512(&ch->w[b][4 + i], _mm512_permutex2var_epi64(u[i], hi, u[4 + i]));
-        }
+        strata_tr16x8_epi32(v, ch->w[b]);
         __m512 d, m;
         z8_scales16(f, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, roff, w + (size_t)z8_ts(f) * (size_t)(k0 + b), 1),
                     &d, &m);

@@ -39,7 +39,7 @@ void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c) {
     for (int64_t i = 0; i < n; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
 }
 
-/* The per-row steps of a read (the norms, the mix: 2 x hc x E expf a row) go over the pool, a task a
+/* The per-row steps of a read (the norms, and the mix: hc x E expf a row) go over the pool, a task a
  * row, from this many rows on (batched decode, prefill); each row runs the same code on any thread,
  * so the bits do not change. 8-sequence decode of flash-small on 2 threads: the caller ran them alone
  * while the worker spun (perf: mdl_hc_read + expf ~9 % of a step). */

@@ -337,24 +337,18 @@ def test_q8_0_amx_tiles():
     ctx = Context(threads=2)
     cases = [(600, 32 * b, 12 + b % 5) for b in range(1, 10)] + \
             [(600, 32 * b, 16) for b in (31, 32, 33, 64, 65)] + [(600, 16384, 13), (600, 16416, 16), (600, 256, 11)]
-    for i, (rows, cols, n) in enumerate(cases):
-        kind = KINDS[i % len(KINDS)]
-        data = make_blocks("Q8_0", rows * cols, kind, rng)
-        x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
-        a = quant.matmul("Q8_0", data, rows, cols, x, isa="scalar", ctx=ctx)
-        b = quant.matmul("Q8_0", data, rows, cols, x, isa="amx", ctx=ctx)
-        assert_bits_equal(a, b, f"Q8_0 amx {kind} {rows}x{cols} n={n}")
+    matmul_equals_scalar("Q8_0", "amx", cases, rng, ctx)
 
 
-def matmul_equals_scalar(name, isa, cases, rng):
+def matmul_equals_scalar(name, isa, cases, rng, ctx=None):
     """Each (rows, cols, n) product on path isa bit for bit against the scalar path, block kinds and
-    activation styles taken in turn."""
+    activation styles taken in turn (ctx: the pool to run on; None: the default one)."""
     for i, (rows, cols, n) in enumerate(cases):
         kind = KINDS[i % len(KINDS)]
         data = make_blocks(name, rows * cols, kind, rng)
         x = make_x(rng, n, cols, ("normal", "outlier", "sparse")[i % 3])
-        a = quant.matmul(name, data, rows, cols, x, isa="scalar")
-        b = quant.matmul(name, data, rows, cols, x, isa=isa)
+        a = quant.matmul(name, data, rows, cols, x, isa="scalar", ctx=ctx)
+        b = quant.matmul(name, data, rows, cols, x, isa=isa, ctx=ctx)
         assert_bits_equal(a, b, f"{name} {isa} {kind} {rows}x{cols} n={n}")
 
 

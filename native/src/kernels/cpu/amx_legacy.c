@@ -121,6 +121,9 @@ void strata_amx_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows,
     if (nrows % AMX_TR) memset(tail, 0, sizeof tail);
     const __m512i roff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)w_row));
+    /* lane r: out[r][c] of column c's gather */
+    const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(AMX_TC));
     for (int64_t r0 = 0; r0 < nrows; r0 += AMX_TR) {
         const int nr = nrows - r0 < AMX_TR ? (int)(nrows - r0) : AMX_TR;
         const __mmask16 live = (__mmask16)((1u << nr) - 1u);
@@ -181,8 +184,6 @@ void strata_amx_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows,
             }
         }
         /* out is row by column; y wants column by row */
-        const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32(AMX_TC));
         for (int c = 0; c < ncols; c++)
             _mm512_mask_storeu_ps(y + (int64_t)c * ldy + r0, live,
                                   _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, down, &out[0][c], 4));

@@ -7,7 +7,7 @@
 // MUTATION: kernels/cuda/rope.cuh | xr[i + h] = b * c[i] + a * s[i]; | xr[i + h] = b * c[i] - a * s[i]; | rope.apply
 // MUTATION: kernels/cuda/rope.cuh | cs + (r / nh) * n_rot | cs + (r % nh) * n_rot | rope.apply
 // MUTATION: kernels/cuda/hc.cuh | a[i] = ops_silu(a[i] / (float)hc); | a[i] = ops_silu(a[i]) / (float)hc; | hc.read_act
-// MUTATION: kernels/cuda/hc.cuh | * xt[j * E + d]; | * xt[d]; | hc.read_mix
+// MUTATION: kernels/cuda/hc.cuh | , xt[j * E + d]); | , xt[d]); | hc.read_mix
 // MUTATION: kernels/cuda/hc.cuh | u[i] = acc * inv_hc; | u[i] = acc; | hc.final
 // MUTATION: kernels/cuda/hc.cuh | c[i] = 2.0f * ops_sigmoid(a[i] / (float)hc); | c[i] = 2.0f * ops_sigmoid(a[i]); | hc.inject
 // MUTATION: kernels/cuda/hc.cuh | c[i] = 2.0f * ops_sigmoid(a[i] / (float)hc); | c[i] = ops_sigmoid(a[i] / (float)hc); | hc.read

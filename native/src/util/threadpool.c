@@ -3,7 +3,6 @@
 #include "trace.h"
 
 #include <pthread.h>
-#include <stdalign.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>

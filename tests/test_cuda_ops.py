@@ -89,7 +89,7 @@ def test_kernel_headers_compile_as_c11(header, exes):
 
 
 def test_shared_sigmoid_is_within_two_ulp_and_the_vectorised_mix_keeps_its_bits(exes):
-    """tests/native/test_ops_math.c: ops_sigmoid_poly (ops_common.cuh; the C path's hyper-connection mix and
+    """tests/native/test_ops_math.c: ops_sigmoid (ops_common.cuh; the C path's hyper-connection mix and
     the GPU's run it) against the double formula over every binade, and hc.c's vectorised mix against the same
     formula one value at a time, bit for bit."""
     r = subprocess.run(["cmake", "--build", str(BUILD), "--target", "test_ops_math"], capture_output=True, text=True)

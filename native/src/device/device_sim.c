@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cuda/ops_common.cuh"
 #include "util/error.h"
 #include "util/trace.h"
 
@@ -47,7 +48,7 @@ strata_status mdev_expert_ffn(const mdev_expert_shape *s, const char *blob, floa
         for (int64_t i = 0; i < n; i++)
             for (int64_t f = 0; f < Fe; f++) {
                 const float g = gu[i * 2 * Fe + f] * sg, u = gu[i * 2 * Fe + Fe + f] * su;
-                h[i * Fe + f] = (g / (1.0f + expf(-g))) * u;
+                h[i * Fe + f] = ops_silu(g) * u;
             }
     } else {
         float *up = gu + n * Fe;
@@ -55,7 +56,7 @@ strata_status mdev_expert_ffn(const mdev_expert_shape *s, const char *blob, floa
         if ((rc = strata_matmul_run(NULL, s->tu, isa, blob + s->gate_bytes, Fe, E, x, n, up))) goto done;
         for (int64_t i = 0; i < n * Fe; i++) {
             const float g = gu[i] * sg, u = up[i] * su;
-            h[i] = (g / (1.0f + expf(-g))) * u;
+            h[i] = ops_silu(g) * u;
         }
     }
     rc = strata_matmul_run(NULL, s->td, isa, blob + s->gate_bytes + s->up_bytes, E, Fe, h, n, out);

@@ -365,13 +365,16 @@ void mdl_gdn_conv(const float *w, int64_t Kc, int64_t CD, float *conv, const flo
     /* rows 0..Kc-2 of qkv: the conv history; then the L new rows */
     memcpy(qkv, conv, (size_t)((Kc - 1) * CD) * sizeof(float));
     for (int64_t t = 0; t < L; t++) memcpy(qkv + (Kc - 1 + t) * CD, x + t * ldx, (size_t)CD * sizeof(float));
-    for (int64_t t = 0; t < L; t++)
+    for (int64_t t = 0; t < L; t++) {
+        float *ct = cv + t * CD;
         for (int64_t ch = 0; ch < CD; ch++) {
             const float *wc = w + ch * Kc;
             float acc = 0.0f;
             for (int64_t k = 0; k < Kc; k++) acc += wc[k] * qkv[(t + k) * CD + ch];
-            cv[t * CD + ch] = mdl_silu(acc);
+            ct[ch] = acc;
         }
+        for (int64_t ch = 0; ch < CD; ch++) ct[ch] = ops_silu(ct[ch]);   /* a loop of its own: it vectorises */
+    }
     memcpy(conv, qkv + L * CD, (size_t)((Kc - 1) * CD) * sizeof(float));
 }
 
@@ -395,7 +398,7 @@ void mdl_gdn_qk_norm(const float *cv, int64_t L, int64_t Gk, int64_t dk, int64_t
 void mdl_gdn_gates(const float *ssm_a, const float *dt_bias, int64_t L, int64_t Gv, float *b, float *a) {
     for (int64_t t = 0; t < L; t++)
         for (int64_t h = 0; h < Gv; h++) {
-            b[t * Gv + h] = mdl_sigmoid(b[t * Gv + h]);
+            b[t * Gv + h] = ops_sigmoid(b[t * Gv + h]);
             a[t * Gv + h] = ssm_a[h] * softplus(a[t * Gv + h] + dt_bias[h]);
         }
 }
@@ -481,8 +484,8 @@ void mdl_gdn_out(float *o, const float *z, int64_t ldz, const float *w, int64_t 
             float *oh = o + t * VD + h * dv;
             const float *zh = z + t * ldz + h * dv;
             mdl_rmsnorm(oh, w, dv, eps, oh);
-            for (int64_t e = 0; e < dv; e++)
-                oh[e] *= gate_sigmoid ? mdl_sigmoid(zh[e]) : mdl_silu(zh[e]);
+            if (gate_sigmoid) for (int64_t e = 0; e < dv; e++) oh[e] *= ops_sigmoid(zh[e]);
+            else for (int64_t e = 0; e < dv; e++) oh[e] *= ops_silu(zh[e]);
         }
 }
 

@@ -9,7 +9,6 @@
 
 #include <stdlib.h>
 
-#include "kernels/cuda/ops_common.cuh"
 #include "util/error.h"
 
 /* The elementwise steps of a read between its products, one function each so that the CUDA
@@ -17,13 +16,13 @@
 
 /* a[n] <- silu(a / hc): the division after W_down, before the activation. */
 void mdl_hc_act(float *a, int64_t n, int64_t hc) {
-    for (int64_t i = 0; i < n; i++) a[i] = mdl_silu(a[i] / (float)hc);
+    for (int64_t i = 0; i < n; i++) a[i] = ops_silu(a[i] / (float)hc);
 }
 
 /* u[L x E] = (1/hc) sum_j sigmoid(g_j) * xh_j, the streams of g and xh [L x hc*E] in order (stream 0
  * first into each sum, as hc.cuh's unit does; the loop over d inside, so that it vectorises). */
 static void hc_mix_stream(const float *restrict g, const float *restrict x, int64_t E, float *restrict u) {
-    for (int64_t d = 0; d < E; d++) u[d] += ops_sigmoid_poly(g[d]) * x[d];
+    for (int64_t d = 0; d < E; d++) u[d] += ops_sigmoid(g[d]) * x[d];
 }
 
 void mdl_hc_mix(const float *g, const float *xh, int64_t L, int64_t hc, int64_t E, float *u) {
@@ -39,10 +38,10 @@ void mdl_hc_mix(const float *g, const float *xh, int64_t L, int64_t hc, int64_t 
 
 /* c[n] = 2 sigmoid(a / hc), a the W_inj product. */
 void mdl_hc_inject_act(const float *a, int64_t n, int64_t hc, float *c) {
-    for (int64_t i = 0; i < n; i++) c[i] = 2.0f * mdl_sigmoid(a[i] / (float)hc);
+    for (int64_t i = 0; i < n; i++) c[i] = 2.0f * ops_sigmoid(a[i] / (float)hc);
 }
 
-/* The per-row steps of a read (the norms, and the mix: hc x E expf a row) go over the pool, a task a
+/* The per-row steps of a read (the norms, and the mix: hc x E sigmoids a row) go over the pool, a task a
  * row, from this many rows on (batched decode, prefill); each row runs the same code on any thread,
  * so the bits do not change. 8-sequence decode of flash-small on 2 threads: the caller ran them alone
  * while the worker spun (perf: mdl_hc_read + expf ~9 % of a step). */

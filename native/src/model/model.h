@@ -28,6 +28,7 @@
 #include "strata.h"
 #include "quant/quant.h"
 #include "util/threadpool.h"
+#include "kernels/cuda/ops_common.cuh"   /* ops_exp, ops_sigmoid, ops_silu: the activations, shared with the GPU */
 #include "moe/offload.h"
 #include "moe/xstore.h"
 
@@ -224,8 +225,6 @@ strata_status mdl_pool_run_multi(strata_pool *pool, strata_task_fn fn, void *con
 void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y);
 /* Grouped: the hc*E vector is hc groups of E, one RMS each; w has hc*E values. */
 void mdl_group_rmsnorm(const float *x, const float *w, int64_t groups, int64_t n, float eps, float *y);
-static inline float mdl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float mdl_silu(float x) { return x / (1.0f + expf(-x)); }
 /* a·b with eight independent partial sums, reduced as strata_hsum8: a fixed order that the
  * compiler can vectorise (a plain running sum is a serial chain under strict IEEE rules). */
 static inline float mdl_dot8(const float *a, const float *b, int64_t n) {

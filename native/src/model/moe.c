@@ -118,7 +118,8 @@ void mdl_route(float *logits, int64_t L, int64_t Ne, int64_t K, int32_t *pick, f
         float mx = lg[0];
         for (int64_t e = 1; e < Ne; e++) if (lg[e] > mx) mx = lg[e];
         double sum = 0.0;
-        for (int64_t e = 0; e < Ne; e++) { lg[e] = expf(lg[e] - mx); sum += lg[e]; }
+        for (int64_t e = 0; e < Ne; e++) lg[e] = ops_exp(lg[e] - mx);   /* vectorises; the sum stays in order */
+        for (int64_t e = 0; e < Ne; e++) sum += lg[e];
         const float inv = (float)(1.0 / sum);
         for (int64_t e = 0; e < Ne; e++) lg[e] *= inv;
         int32_t *pk = pick + t * K;
@@ -152,7 +153,7 @@ void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, floa
         for (int64_t f = 0; f < F; f++) {
             const float gv = fused ? g[i * 2 * F + f] : g[i * F + f];
             const float uv = fused ? g[i * 2 * F + F + f] : g[n * F + i * F + f];
-            h[i * F + f] = mdl_silu(gv * s1) * (uv * s2);
+            h[i * F + f] = ops_silu(gv * s1) * (uv * s2);
         }
 }
 
@@ -160,7 +161,7 @@ void mdl_moe_glu(const float *g, int64_t n, int64_t F, int fused, float s1, floa
 float mdl_moe_shared_gate(const float *w_seg, const float *x, int64_t E) {
     float d = 0.0f;
     for (int64_t i = 0; i < E; i++) d += w_seg[i] * x[i];
-    return mdl_sigmoid(d);
+    return ops_sigmoid(d);
 }
 
 /* y[L x E] = sum_k w_k out_k (in slot order per token: experts in increasing id) + sigmoid(w_seg . u)

@@ -403,7 +403,7 @@ void mdl_ple_gate(const float *X, const float *key, const float *val, const floa
             for (int64_t e = 0; e < E; e++) d += kt[j * E + e] * qry[j * E + e];
             const float sc = d * inv_sqrt_e;
             const float g = sc > 0.0f ? sqrtf(fmaxf(sc, 1e-6f)) : sc < 0.0f ? -sqrtf(fmaxf(-sc, 1e-6f)) : 0.0f;
-            const float sg = mdl_sigmoid(g);
+            const float sg = ops_sigmoid(g);
             for (int64_t e = 0; e < E; e++) gt[j * E + e] = sg * val[t * E + e];
         }
         mdl_group_rmsnorm(gt, w_conv, hc, E, eps, gvn + t * W);
@@ -413,17 +413,24 @@ void mdl_ple_gate(const float *X, const float *key, const float *val, const floa
 /* The conv of L tokens: ext holds hist = (Kp-1)*n rows of history (oldest first), then the L rows of
  * gvn; X_t += gv_t + silu(Σ_k w[c][k] ext[hist + t - (Kp-1-k) n][c]). Then state gets the last hist rows
  * of ext, and (slots not NULL: a verify window) slot t the hist rows that end with token t. */
+enum { PLE_CONV_CHUNK = 256 };
+
 void mdl_ple_conv(const float *ext, const float *gv, const float *w_conv, int64_t L, int64_t W, int64_t Kp, int64_t n,
                   float *X, float *state, float *slots) {
     const int64_t hist = (Kp - 1) * n;
     for (int64_t t = 0; t < L; t++) {
         float *xt = X + t * W;
         const float *gt = gv + t * W;
-        for (int64_t c = 0; c < W; c++) {
-            const float *w = w_conv + c * Kp;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < Kp; k++) acc += w[k] * ext[(hist + t - (Kp - 1 - k) * n) * W + c];
-            xt[c] += gt[c] + mdl_silu(acc);
+        for (int64_t c0 = 0; c0 < W; c0 += PLE_CONV_CHUNK) {   /* the taps, then a loop of silu that vectorises */
+            const int64_t nc = W - c0 < PLE_CONV_CHUNK ? W - c0 : PLE_CONV_CHUNK;
+            float acc[PLE_CONV_CHUNK];
+            for (int64_t c = c0; c < c0 + nc; c++) {
+                const float *w = w_conv + c * Kp;
+                float a = 0.0f;
+                for (int64_t k = 0; k < Kp; k++) a += w[k] * ext[(hist + t - (Kp - 1 - k) * n) * W + c];
+                acc[c - c0] = a;
+            }
+            for (int64_t i = 0; i < nc; i++) xt[c0 + i] += gt[c0 + i] + ops_silu(acc[i]);
         }
     }
     memcpy(state, ext + L * W, (size_t)(hist * W) * sizeof(float));

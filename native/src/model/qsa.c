@@ -158,7 +158,8 @@ void mdl_qsa_attn_group(const strata_model *m, const mdl_layer_state *st, int kv
         float mx = -FLT_MAX;
         for (int64_t i = 0; i < n; i++) if (wg[i] > mx) mx = wg[i];
         double sum = 0.0;
-        for (int64_t i = 0; i < n; i++) { wg[i] = expf(wg[i] - mx); sum += wg[i]; }
+        for (int64_t i = 0; i < n; i++) wg[i] = ops_exp(wg[i] - mx);
+        for (int64_t i = 0; i < n; i++) sum += wg[i];
         inv[g] = (float)(1.0 / sum);
         for (int64_t e = 0; e < hd; e++) o[g * hd + e] = 0.0f;
     }
@@ -311,7 +312,7 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
 
 /* The output gate of one head: oh[e] *= σ(gh[e]). */
 void mdl_qsa_gate(float *oh, const float *gh, int64_t hd) {
-    for (int64_t e = 0; e < hd; e++) oh[e] *= mdl_sigmoid(gh[e]);
+    for (int64_t e = 0; e < hd; e++) oh[e] *= ops_sigmoid(gh[e]);
 }
 
 /* After the selection and attention ran: the output gate σ(gate) per head. */

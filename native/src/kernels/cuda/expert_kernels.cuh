@@ -22,7 +22,7 @@ OPS_FN float expert_glu(const float *gu, int64_t n, int64_t F, int fused, float 
         g = gu[i] * sg;
         u = gu[n * F + i] * su;
     }
-    return (g / (1.0f + expf(-g))) * u;
+    return ops_silu(g) * u;
 }
 
 #ifdef __CUDACC__

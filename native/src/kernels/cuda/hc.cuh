@@ -21,13 +21,13 @@
 OPS_FN void hc_act_unit(float *a, int64_t hc, int64_t i) { a[i] = ops_silu(a[i] / (float)hc); }
 
 /* u[i], i = t·E + d: (Σ_j σ(g[t, j, d]) · X̂[t, j, d]) over the streams in order, times 1/hc (σ is
- * ops_sigmoid_poly, as in hc.c). */
+ * ops_sigmoid, as in hc.c). */
 OPS_FN void hc_mix_unit(const float *g, const float *xh, int64_t hc, int64_t E, int64_t i, float *u) {
     const int64_t t = i / E, d = i % E;
     const float inv_hc = 1.0f / (float)hc;
     const float *gt = g + t * hc * E, *xt = xh + t * hc * E;
     float acc = 0.0f;
-    for (int64_t j = 0; j < hc; j++) acc += ops_mul(ops_sigmoid_poly(gt[j * E + d]), xt[j * E + d]);
+    for (int64_t j = 0; j < hc; j++) acc += ops_mul(ops_sigmoid(gt[j * E + d]), xt[j * E + d]);
     u[i] = acc * inv_hc;
 }
 

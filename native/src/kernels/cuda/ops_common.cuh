@@ -103,33 +103,39 @@ OPS_FN uint16_t ops_f32_to_f16(float f) {
     return (uint16_t)(sign | r);
 }
 
-/* Scalar functions every family uses, written once (the C path's mdl_silu / mdl_sigmoid forms). */
-OPS_FN float ops_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-OPS_FN float ops_silu(float x) { return x / (1.0f + expf(-x)); }
-OPS_FN float ops_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-/* sigmoid(x) = 1 / (1 + e^-x) with e^-x from a polynomial in plain float operations and fmaf, for the
- * hyper-connection mix (hc x E of them a token). The C path's loop of it vectorises, where libm's expf
- * is a call per value, and every build gives the same bits: the C path at any ISA, the GPU, the host
- * check. e^y is Cephes' expf: n = y log2 e rounded (by adding 1.5 * 2^23), r = y - n ln 2 in two parts,
- * 1 + r + r^2 P(r) with P of degree 5 on |r| <= ln2/2, times 2^n built in the exponent bits. The
- * clamp keeps n in [-126, 126] (and takes NaN to -87): below x = -87 it returns 0 (the exact value is
- * under 1.7e-38), above 87 the formula gives 1; NaN stays NaN. Within 2 ulp of the exact sigmoid
- * (tests/native/test_ops_math.c sweeps it against the double formula). */
-OPS_FN float ops_sigmoid_poly(float x) {
-    float y = -x > -87.0f ? -x : -87.0f;
-    y = y < 87.0f ? y : 87.0f;
-    const float n = fmaf(y, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
-    float r = fmaf(n, -0.693359375f, y);
+/* e^y from a polynomial in plain float operations and fmaf: the activations (ops_sigmoid, ops_silu)
+ * and the softmaxes of the router and of attention use it, so the C path's loops of them vectorise,
+ * where libm's expf is a call per value, and every build gives the same bits: the C path at any ISA,
+ * the GPU, the host check. It is Cephes' expf: n = y log2 e rounded (by adding 1.5 * 2^23),
+ * r = y - n ln 2 in two parts, 1 + r + r^2 P(r) with P of degree 5 on |r| <= ln2/2, times 2^n built
+ * in the exponent bits. The clamp to [-87, 87] keeps n in [-126, 126] (and takes NaN to -87): below
+ * -87 it returns 0 (the exact value is under 1.7e-38; a softmax's -inf is 0), above 87 e^87; NaN stays
+ * NaN. Within 2 ulp of e^y where that is a normal float (tests/native/test_ops_math.c). */
+OPS_FN float ops_exp(float y) {
+    float c = y > -87.0f ? y : -87.0f;
+    c = c < 87.0f ? c : 87.0f;
+    const float n = fmaf(c, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+    float r = fmaf(n, -0.693359375f, c);
     r = fmaf(n, 2.12194440e-4f, r);
     float p = fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
     p = fmaf(p, r, 8.3334519073e-3f);
     p = fmaf(p, r, 4.1665795894e-2f);
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
-    const float e = fmaf(p, ops_mul(r, r), r) + 1.0f;
-    const float sig = 1.0f / (1.0f + ops_mul(e, ops_bits_f32((uint32_t)((int32_t)n + 127) << 23)));
-    return -x > 87.0f ? 0.0f : x != x ? x : sig;
+    const float e = ops_mul(fmaf(p, ops_mul(r, r), r) + 1.0f, ops_bits_f32((uint32_t)((int32_t)n + 127) << 23));
+    return y < -87.0f ? 0.0f : y != y ? y : e;
 }
+
+/* sigmoid(x) = 1 / (1 + e^-x): 0 below x = -87, 1 above 87 (where e^-x is 0), NaN kept. Within 2 ulp
+ * of the exact value where that is a normal float. */
+OPS_FN float ops_sigmoid(float x) {
+    const float s = 1.0f / (1.0f + ops_exp(-x));
+    return x < -87.0f ? 0.0f : s;
+}
+
+/* silu(x) = x sigmoid(x). */
+OPS_FN float ops_silu(float x) { return ops_mul(x, ops_sigmoid(x)); }
+
+OPS_FN float ops_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 #endif

@@ -305,7 +305,7 @@ OPS_FN double qsa_attn_exp_lane(const qsa_attn_job *A, int64_t t, int64_t h, flo
     const int64_t n = qsa_n_keys(A, t);
     double s = 0.0;
     for (int64_t i = lane; i < n; i += OPS_WARP) {
-        w[i] = expf(w[i] - mx);
+        w[i] = ops_exp(w[i] - mx);
         s += w[i];
     }
     return s;

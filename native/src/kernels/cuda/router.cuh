@@ -34,7 +34,7 @@ OPS_FN float router_lane_max(const float *lg, int64_t Ne, int lane) {
 OPS_FN float router_lane_exp(float *lg, int64_t Ne, float mx, int lane) {
     float acc = 0.0f;
     for (int64_t e = lane; e < Ne; e += OPS_WARP) {
-        lg[e] = expf(lg[e] - mx);
+        lg[e] = ops_exp(lg[e] - mx);
         acc += lg[e];
     }
     return acc;

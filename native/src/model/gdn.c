@@ -520,10 +520,11 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
         goto done;
     }
     float *pq = pj, *pz = pq + R * CD, *pb = pz + R * VD, *pa = pb + R * Gv;
-    if ((rc = mdl_matmul(m, &l->ssm_qkv, 0, u, R, pq))) goto done;
-    if ((rc = mdl_matmul(m, &l->ssm_z, 0, u, R, pz))) goto done;
-    if ((rc = mdl_matmul(m, &l->ssm_beta, 0, u, R, pb))) goto done;
-    if ((rc = mdl_matmul(m, &l->ssm_alpha, 0, u, R, pa))) goto done;
+    {
+        const mdl_mat *ws[] = {&l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha};
+        float *const ys[] = {pq, pz, pb, pa};
+        if ((rc = mdl_matmul_set(m, ws, 4, u, R, ys))) goto done;
+    }
     for (int64_t t = 0; t < R; t++) {
         float *row = P + t * ld;
         memcpy(row, pq + t * CD, (size_t)CD * sizeof(float));

@@ -72,20 +72,21 @@ strata_status mdl_hc_read(const strata_model *m, const float *X, const float *no
     const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
     float *xh = malloc((size_t)(L * W) * sizeof(float));
     float *g = malloc((size_t)(L * W) * sizeof(float));
-    float *a = malloc((size_t)(L * (R > hc ? R : hc)) * sizeof(float));
+    float *a = malloc((size_t)(L * (R + hc)) * sizeof(float)), *ai = a + L * R;   /* W_down's, the inject's */
     strata_status rc = STRATA_OK;
     if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
     strata_pool *pool = L >= HC_POOL_MIN_ROWS ? m->pool : NULL;
     const hc_rows rows = {.m = m, .X = X, .norm = norm, .g = g, .xh = xh, .u = u};
     strata_pool_run(pool, hc_norm_task, (void *)&rows, L);
-    if ((rc = mdl_matmul(m, down, 0, xh, L, a))) goto done;
+    {   /* W_down and the inject read the same rows: one product job */
+        const mdl_mat *ws[] = {down, inject};
+        float *const ys[] = {a, ai};
+        if ((rc = mdl_matmul_set(m, ws, inject ? 2 : 1, xh, L, ys))) goto done;
+    }
     mdl_hc_act(a, L * R, hc);
     if ((rc = mdl_matmul(m, up, 0, a, L, g))) goto done;
     strata_pool_run(pool, hc_mix_task, (void *)&rows, L);
-    if (inject) {
-        if ((rc = mdl_matmul(m, inject, 0, xh, L, a))) goto done;
-        mdl_hc_inject_act(a, L * hc, hc, c);
-    }
+    if (inject) mdl_hc_inject_act(ai, L * hc, hc, c);
 done:
     free(xh);
     free(g);

@@ -218,6 +218,12 @@ static inline float mdl_mat_scale(const mdl_mat *w, int64_t mi) {
 /* y[L x mat.rows] = mat(index `mi` for stacked tensors) x[L x mat.cols], times its .scale. */
 strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
                          float *y);
+/* The products of n matrices (index 0) with the same x [L x cols], ys[i] [L x ws[i].rows] each times
+ * its .scale, in one pool job (and x quantized once for those that share its format): what n calls of
+ * mdl_matmul compute, bit for bit, with one hand-off to the pool instead of n (or 2n). */
+enum { MDL_MATMUL_SET_MAX = 8 };
+strata_status mdl_matmul_set(const strata_model *m, const mdl_mat *const *ws, int n, const float *x, int64_t L,
+                             float *const *ys);
 /* One pool job of n jobs' tasks: fn(args[i], t, thread) for t < counts[i], for every i (the jobs of
  * several sequences' mixers, so a batched step hands the pool one job where it would hand n). */
 strata_status mdl_pool_run_multi(strata_pool *pool, strata_task_fn fn, void *const *args, const int64_t *counts, int n);

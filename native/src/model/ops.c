@@ -26,6 +26,23 @@ strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, co
     return STRATA_OK;
 }
 
+strata_status mdl_matmul_set(const strata_model *m, const mdl_mat *const *ws, int n, const float *x, int64_t L,
+                             float *const *ys) {
+    strata_mm_item it[MDL_MATMUL_SET_MAX];
+    if (n < 1 || n > MDL_MATMUL_SET_MAX)
+        return strata_fail(STRATA_ERR_INTERNAL, "mdl_matmul_set: %d products (1..%d)", n, MDL_MATMUL_SET_MAX);
+    for (int i = 0; i < n; i++)
+        it[i] = (strata_mm_item){.t = ws[i]->t, .w = ws[i]->data, .rows = ws[i]->rows, .cols = ws[i]->cols,
+                                 .x = x, .n = L, .y = ys[i]};
+    strata_status rc = strata_mm_multi_auto(m->pool, m->isa, it, n);
+    for (int i = 0; i < n && !rc; i++)
+        if (ws[i]->scale) {
+            const float s = mdl_mat_scale(ws[i], 0);
+            for (int64_t k = 0; k < L * ws[i]->rows; k++) ys[i][k] *= s;
+        }
+    return rc;
+}
+
 void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -517,8 +517,11 @@ strata_status mdl_ple(strata_session *const *ss, const int32_t *const *ids, cons
         ple_advance(ss[i], ids[i], Ls[i]);
     }
     /* the products over every sequence's rows at once; the rest on each one's own state */
-    if ((rc = mdl_matmul(m, &l->ple_key, 0, emb, R, key))) goto done;
-    if ((rc = mdl_matmul(m, &l->ple_value, 0, emb, R, val))) goto done;
+    {
+        const mdl_mat *ws[] = {&l->ple_key, &l->ple_value};
+        float *const ys[] = {key, val};
+        if ((rc = mdl_matmul_set(m, ws, 2, emb, R, ys))) goto done;
+    }
     mdl_ple_key_norm(key, l->ple_norm_key, R, hc, E, hp->eps);
     for (int64_t i = 0, r = 0; i < n; r += Ls[i], i++)
         ple_mix(ss[i], l, Ls[i], key + r * W, val + r * E, X + r * W, gv, ext, qry);

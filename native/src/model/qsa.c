@@ -345,11 +345,11 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
         goto done;
     }
     float *kk = kv, *vv = kv + R * Hkv * hd, *iq = iqk, *ik = iqk + R * nI * dI;
-    if ((rc = mdl_matmul(m, &l->attn_q, 0, u, R, qg))) goto done;
-    if ((rc = mdl_matmul(m, &l->attn_k, 0, u, R, kk))) goto done;
-    if ((rc = mdl_matmul(m, &l->attn_v, 0, u, R, vv))) goto done;
-    if ((rc = mdl_matmul(m, &l->idx_q, 0, u, R, iq))) goto done;
-    if ((rc = mdl_matmul(m, &l->idx_k, 0, u, R, ik))) goto done;
+    {
+        const mdl_mat *ws[] = {&l->attn_q, &l->attn_k, &l->attn_v, &l->idx_q, &l->idx_k};
+        float *const ys[] = {qg, kk, vv, iq, ik};
+        if ((rc = mdl_matmul_set(m, ws, 5, u, R, ys))) goto done;
+    }
     /* every sequence's norms, RoPE and cache writes, then all their selections in one pool job and all
      * their attention in another, then the gates */
     int64_t r0 = 0;

@@ -44,11 +44,17 @@ strata_status mdl_matmul_set(const strata_model *m, const mdl_mat *const *ws, in
 }
 
 void mdl_rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    /* the squares (exact in double) into eight partial sums, value i into sum i mod 8, added pairwise:
+     * a fixed order that vectorises, where one running sum is a serial chain of n dependent adds */
+    double p[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) p[j] += (double)x[i + j] * x[i + j];
+    for (int j = 0; i < n; i++, j++) p[j] += (double)x[i] * x[i];
+    const double ss = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
     const float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    if (w) for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
-    else for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
+    if (w) for (int64_t k = 0; k < n; k++) y[k] = x[k] * r * w[k];
+    else for (int64_t k = 0; k < n; k++) y[k] = x[k] * r;
 }
 
 void mdl_group_rmsnorm(const float *x, const float *w, int64_t groups, int64_t n, float eps, float *y) {

@@ -24,7 +24,7 @@ OPS_FN float mtp_norm_lane(const float *e, const float *h, int64_t hc, int64_t E
     return s;
 }
 
-/* Unit u's 1/rms from the warp's sum of squares (mdl_rmsnorm's factor; it sums in double, serially). */
+/* Unit u's 1/rms from the warp's sum of squares (mdl_rmsnorm's factor; the C path sums in double). */
 OPS_FN float mtp_norm_rinv(float ss, int64_t hc, int64_t E, int64_t u, float eps) {
     const int64_t n = (u % 2) ? hc * E : E;
     return 1.0f / sqrtf(ss / (float)n + eps);

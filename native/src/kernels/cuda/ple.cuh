@@ -80,7 +80,7 @@ OPS_FN float ple_sumsq_lane(const float *x, int64_t n, int lane) {
     return s;
 }
 
-/* 1 / rms from the warp's sum of squares (mdl_rmsnorm's factor; it sums in double, serially). */
+/* 1 / rms from the warp's sum of squares (mdl_rmsnorm's factor; the C path sums in double). */
 OPS_FN float ple_rms_inv(float ss, int64_t n, float eps) { return 1.0f / sqrtf(ss / (float)n + eps); }
 
 /* ---------------------------------------------------------------- ple.project: the key's norm */

@@ -190,6 +190,30 @@ def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     return ((x - x.max()) / temperature).astype(np.float32)
 
 
+def _biased_argmax(x: np.ndarray, i: int, bias: Mapping[int, float]) -> tuple[int, float]:
+    """argmax(apply_logit_bias(x, bias)) and its value, given i = argmax(x) (x without NaN or +inf):
+    when i is not biased, its value is the largest of every unbiased token's and i the first index
+    holding it, so only the biased tokens can win (in float32, as apply_logit_bias adds; ties to the
+    lower id) and the copy of the vocabulary is not needed."""
+    if i in bias:
+        xb = apply_logit_bias(x, bias)
+        j = int(xb.argmax())
+        return j, float(xb[j])
+    n = x.shape[0]
+    best, best_v = i, x[i]
+    for tok, b in bias.items():
+        if not 0 <= tok < n:
+            apply_logit_bias(x, bias)           # raises its error for the bad id
+        v = x[tok] + np.float32(b)
+        if v != v:                             # -inf + inf: apply_logit_bias's NaN decides
+            xb = apply_logit_bias(x, bias)
+            j = int(xb.argmax())
+            return j, float(xb[j])
+        if v > best_v or (v == best_v and tok < best):
+            best, best_v = tok, v
+    return best, float(best_v)
+
+
 def greedy(logits: np.ndarray) -> int:
     """The highest logit's id; ties go to the lowest id."""
     return int(np.argmax(logits))
@@ -407,13 +431,13 @@ class Sampler:
             x = np.asarray(logits, dtype=np.float32)
             if x.ndim != 1 or x.shape[0] == 0:
                 raise ValueError(f"logits must be one non-empty vector, got shape {x.shape}")
-            i = int(np.argmax(x))
-            if np.isnan(x[i]) or x[i] == np.inf:
+            i = int(x.argmax())
+            top = float(x[i])
+            if top != top or top == math.inf:
                 raise ValueError("logits contain NaN or +inf: the model produced invalid numbers")
-            xb = apply_logit_bias(x, p.logit_bias)
-            if xb is not x:
-                i = int(np.argmax(xb))
-            if not np.isfinite(xb[i]):
+            if p.logit_bias:
+                i, top = _biased_argmax(x, i, p.logit_bias)
+            if not -math.inf < top < math.inf:
                 raise ValueError("no token is left to sample: logit_bias bans every token")
             return i
         x = self.filtered_logits(logits, history)

@@ -107,6 +107,29 @@ def test_logit_bias_banned_token_never_sampled():
         make_sampler(SamplingParams.neutral(logit_bias={i: -np.inf for i in range(4)})).sample(x)
 
 
+def test_greedy_with_a_bias_is_the_argmax_of_the_biased_logits():
+    """The greedy sampler's shortcut (only biased tokens can beat the unbiased argmax, so the vocabulary
+    is not copied) against np.argmax of apply_logit_bias's vector: ties on both sides of the top, the top
+    itself biased, bans, positive biases, -inf logits."""
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        n = int(rng.integers(1, 40))
+        x = rng.integers(-3, 4, n).astype(np.float32)          # small integers: many ties
+        if rng.random() < 0.2:
+            x[rng.integers(0, n)] = NEG
+        toks = rng.choice(n, int(rng.integers(1, min(n, 5) + 1)), replace=False)
+        bias = {int(t): float(rng.choice([NEG, -2.0, -1.0, 0.0, 0.5, 1.0, 3.0])) for t in toks}
+        s = make_sampler(SamplingParams.greedy(logit_bias=bias))
+        xb = apply_logit_bias(x, bias)
+        if np.isfinite(xb.max()):
+            assert s.sample(x) == int(np.argmax(xb)), (x.tolist(), bias)
+        else:
+            with pytest.raises(ValueError, match="bans every token"):
+                s.sample(x)
+    with pytest.raises(ValueError, match="token 9.*4 tokens"):       # a bad id: apply_logit_bias's error
+        make_sampler(SamplingParams.greedy(logit_bias={9: 1.0})).sample(f32(1, 2, 3, 4))
+
+
 def test_repetition_penalty_llama_semantics():
     x = f32(2.0, -2.0, 0.0, 3.0, -1.0)
     ids, counts = token_counts([0, 1, 2, 0, 0], -1)

@@ -2,9 +2,9 @@
 UndefinedBehaviorSanitizer (STRATA_SANITIZE=ON, in build/asan). Runs the C unit tests under
 CTest (the offload engine's test_offload among them), then the native-facing Python suites (block formats,
 GGUF reader, quantizers, tokenizer, API, model) against the sanitized library. Any sanitizer report fails
-the run. ThreadSanitizer needs a build of its own (build/tsan: the static library and the engine's unit
-test, CUDA off; TSan cannot share a process with ASan), where test_offload runs the engine with the sim
-device's copy and compute threads."""
+the run. ThreadSanitizer needs a build of its own (build/tsan: the static library and the threaded unit
+tests, CUDA off; TSan cannot share a process with ASan), where test_offload runs the engine with the sim
+device's copy and compute threads and test_pool the worker pool's jobs."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
 TSAN_BUILD = ROOT / "build" / "tsan"
-TSAN_TESTS = ["test_offload", "test_xstore"]   # native unit tests whose subject runs threads (the sim device's engines, the store's reads)
+# native unit tests whose subject runs threads: the sim device's engines, the store's reads, the worker pool
+TSAN_TESTS = ["test_offload", "test_xstore", "test_pool"]
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
           "tests/test_tokenizer.py", "tests/test_model_api.py", "tests/test_offload.py", "tests/test_ple.py",
           "tests/test_gemm.py", "tests/test_mtp.py", "tests/test_mtp_model.py", "tests/test_trace.py",

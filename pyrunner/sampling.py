@@ -194,24 +194,24 @@ def _biased_argmax(x: np.ndarray, i: int, bias: Mapping[int, float]) -> tuple[in
     """argmax(apply_logit_bias(x, bias)) and its value, given i = argmax(x) (x without NaN or +inf):
     when i is not biased, its value is the largest of every unbiased token's and i the first index
     holding it, so only the biased tokens can win (in float32, as apply_logit_bias adds; ties to the
-    lower id) and the copy of the vocabulary is not needed."""
-    if i in bias:
-        xb = apply_logit_bias(x, bias)
-        j = int(xb.argmax())
-        return j, float(xb[j])
-    n = x.shape[0]
-    best, best_v = i, x[i]
-    for tok, b in bias.items():
-        if not 0 <= tok < n:
-            apply_logit_bias(x, bias)           # raises its error for the bad id
-        v = x[tok] + np.float32(b)
-        if v != v:                             # -inf + inf: apply_logit_bias's NaN decides
-            xb = apply_logit_bias(x, bias)
-            j = int(xb.argmax())
-            return j, float(xb[j])
-        if v > best_v or (v == best_v and tok < best):
-            best, best_v = tok, v
-    return best, float(best_v)
+    lower id) and the copy of the vocabulary is not needed. Otherwise, a bad id (apply_logit_bias's
+    error) or a NaN (-inf + inf): the biased copy decides."""
+    if i not in bias:
+        n = x.shape[0]
+        best, best_v = i, x[i]
+        for tok, b in bias.items():
+            if not 0 <= tok < n:
+                break
+            v = x[tok] + np.float32(b)
+            if v != v:
+                break
+            if v > best_v or (v == best_v and tok < best):
+                best, best_v = tok, v
+        else:
+            return best, float(best_v)
+    xb = apply_logit_bias(x, bias)
+    j = int(xb.argmax())
+    return j, float(xb[j])
 
 
 def greedy(logits: np.ndarray) -> int:

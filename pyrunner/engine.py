@@ -24,6 +24,9 @@ How it works (vLLM's continuous batching, on generate.py's own request loop):
     decode tokens alone: the engine measures the native time of decode-only steps (the median of the
     last DECODE_WINDOW) and the time each prefill token adds (a moving average: it grows with the
     prompt's context), and gives the prompts (X - 1) x decode-step / per-token-cost tokens (at least 1).
+    The second such step of a prefill, then every DECODE_PROBE-th, carries no prefill (a probe), so the
+    decode cost is measured during a long prefill too; a probe well under the window's median (a cost learned in a slow spell of the
+    host, which no other step of the prefill could correct) starts the window afresh.
   - Batch-invariant: a sequence's logits are bit-identical whichever sequences share its steps
     (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and a prompt's
     pieces, of any length, give the bits of one evaluation of the whole prompt: each piece but the
@@ -66,6 +69,8 @@ GDN_CHUNK = 64          # native/src/model/gdn.c: the chunked form's chunk (STRA
 GDN_CHUNK_MIN = 32      # gdn.c GDN_CHUNK_MIN_TOKENS: a step this long runs the chunked form
 MIN_PIECE = 16          # prefill tokens a step gives the first prompt even when decode tokens fill the budget
 DECODE_WINDOW = 16      # itl_factor: decode-only steps whose median native time is a decode step's cost
+DECODE_PROBE = 16       # itl_factor: while decoders wait beside a prompt, every this many steps one is decode-only
+PROBE_STALE = 0.67      # a probe under this fraction of the decode cost: the window was learned in a slow spell
 
 
 class QueueFull(Exception):
@@ -322,6 +327,9 @@ class Engine:
         self._t_decode = None      # s: the median native time of the last DECODE_WINDOW steps without prefill
         self._decode_times: collections.deque = collections.deque(maxlen=DECODE_WINDOW)
         self._t_token = None       # s: moving average of the time a prefill token adds to a step
+        self._since_probe = 0      # mixed steps planned since the last probe (a decode-only step during a prefill)
+        self._probing = False      # the step planned last is a probe
+        self._mixed_last = False   # the step planned last had decoders beside a prompt
         self.memory_bytes = memory_bytes
         self.max_seqs = self._fit_seqs(max_seqs)
         if max_queue is not None and max_queue < 0:
@@ -585,7 +593,18 @@ class Engine:
         batch = [(p, 0, len(p.ids), True, False) for p in short]
         left = self.token_budget - sum(len(p.ids) for p in short)
         floor = MIN_PIECE
+        self._probing = False
+        if not (short and long_):
+            self._mixed_last = False
         if short and long_ and self.itl_factor:
+            if not self._mixed_last:             # a prefill begins beside decoders: probe at its second step
+                self._since_probe = DECODE_PROBE - 2
+            self._mixed_last = True
+            self._since_probe += 1
+            if self._since_probe >= DECODE_PROBE and self._t_decode:   # a probe: the decode tokens alone
+                self._since_probe = 0
+                self._probing = True
+                return batch
             # before the costs are known, a small piece: it is what teaches them
             fit = int((self.itl_factor - 1.0) * self._t_decode / self._t_token) \
                 if self._t_decode and self._t_token else MIN_PIECE
@@ -643,6 +662,12 @@ class Engine:
         if not short or max(short) > self._window_max:
             return              # no decoders, or a short prompt among them: not what a decode step costs
         if pre == 0:       # the median of the recent ones: a cold first step or a noisy one does not count
+            if self._probing and self._t_decode and dt < PROBE_STALE * self._t_decode:
+                # learned in a slow spell: start again from this step. The per-token cost, measured against
+                # the stale figure, is kept: it is low, so the next pieces are a little large, not a whole
+                # MIN_PIECE, and the next mixed steps measure it afresh
+                self._decode_times.clear()
+                self.counters["decode_cost_resets"] += 1
             self._decode_times.append(dt)
             self._t_decode = statistics.median(self._decode_times)   # numpy's costs ~20 us on 16 values
         elif self._t_decode is not None:

@@ -425,6 +425,7 @@ def test_itl_factor_sizes_prefill_pieces_from_live_costs(tiny):
         eng._t_decode, eng._t_token = None, None
         assert [b - a for _, a, b, *_ in eng._plan_for([dec, big])] == [1, 16]    # costs unknown: a small piece
         eng._t_decode, eng._t_token = 0.010, 0.001
+        assert [b - a for _, a, b, *_ in eng._plan_for([dec, big])] == [1]        # the prefill's 2nd step: a probe
         assert [b - a for _, a, b, *_ in eng._plan_for([dec, big])] == [1, 20]    # (3 - 1) x 10 ms / 1 ms
         assert [b - a for _, a, b, *_ in eng._plan_for([big])] == [512]           # nobody decodes: whole steps
         eng._t_decode, eng._t_token = None, None
@@ -452,3 +453,47 @@ def test_itl_factor_sizes_prefill_pieces_from_live_costs(tiny):
     assert got.tokens == generate(m, long_ids, max_tokens=3, temperature=0).tokens
     with pytest.raises(ValueError, match="factor > 1"):
         Engine(m, itl_factor=1.0)
+
+
+def test_itl_factor_probes_the_decode_cost_during_a_long_prefill(tiny):
+    """A decode cost learned in a slow spell of the host (every decode-only step 3x its usual time, just
+    before a long prompt came) cannot be corrected by the prefill's own steps, which all carry prompt
+    tokens: pieces sized from it made steps ~5x a decode step (flash-small's bench serve: ITL p99 7.2x
+    and 7.5x the decode-only median, in 2 runs of 12). The second step of a prefill beside decoders, then
+    every DECODE_PROBE-th, is decode-only; a probe well under the learned cost starts the window afresh,
+    one merely noisy does not."""
+    from pyrunner.engine import DECODE_PROBE, _Pending
+
+    m = _model(tiny, "cpu")
+    with Engine(m, max_seqs=2, itl_factor=3.0) as eng:
+        dec = _Pending(None, None, np.zeros(1, np.int32), 0, None, None)
+        big = _Pending(None, None, np.zeros(5000, np.int32), 0, None, None)
+
+        def step(dt_decode, dt_token):
+            """Plan a step, 'run' it at these costs, learn from it; the prefill tokens it carried."""
+            batch = eng._plan_for([dec, big])
+            pre = sum(b - a for _, a, b, sh, _ in batch if not sh)
+            eng._learn_costs(dt_decode + dt_token * pre, batch)
+            return pre
+
+        for _ in range(16):                        # the slow spell: decode steps at 30 ms
+            eng._learn_costs(0.030, [(dec, 0, 1, True, False)])
+        eng._t_token = 0.001 / 3                   # as the mixed steps measured it against the stale 30 ms
+        # the host is back to 10 ms a decode step: 2 x 30 / (1/3) = 180 tokens (a 190 ms step), then the
+        # prefill's first probe, which starts the window again
+        assert [step(0.010, 0.001) for _ in range(2)] == [180, 0]
+        assert eng._t_decode == pytest.approx(0.010) and eng.counters["decode_cost_resets"] == 1
+        # the per-token cost measured against the stale figure is kept (low): a few large pieces, then
+        # 2 x 10 ms / 1 ms (without the probe the pieces settle at 80: 2 x 30 / t = f and t = 1 - 20 / f ms)
+        pieces = [step(0.010, 0.001) for _ in range(14)]
+        assert 40 <= pieces[0] <= 46 and pieces == sorted(pieces, reverse=True) and pieces[-1] == 20
+        # steady costs: one probe every DECODE_PROBE steps, and a probe at 0.8x the cost (noise) keeps the window
+        pieces = [step(0.010, 0.001) for _ in range(3 * DECODE_PROBE)]
+        assert pieces.count(0) == 3 and set(pieces) == {0, 20}
+        eng._since_probe = DECODE_PROBE - 1
+        n = len(eng._decode_times)
+        assert step(0.008, 0.001) == 0 and len(eng._decode_times) == n + 1
+        assert eng.counters["decode_cost_resets"] == 1
+        # nobody decodes: no probes, whole steps; the next prefill beside a decoder probes at its 2nd step
+        assert all(b - a == 512 for _ in range(2 * DECODE_PROBE) for _, a, b, *_ in eng._plan_for([big]))
+        assert [step(0.010, 0.001) for _ in range(3)] == [20, 0, 20]

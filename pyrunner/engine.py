@@ -25,8 +25,9 @@ How it works (vLLM's continuous batching, on generate.py's own request loop):
     last DECODE_WINDOW) and the time each prefill token adds (a moving average: it grows with the
     prompt's context), and gives the prompts (X - 1) x decode-step / per-token-cost tokens (at least 1).
     The second such step of a prefill, then every DECODE_PROBE-th, carries no prefill (a probe), so the
-    decode cost is measured during a long prefill too; a probe well under the window's median (a cost learned in a slow spell of the
-    host, which no other step of the prefill could correct) starts the window afresh.
+    decode cost is measured during a long prefill too; a probe well under the window's median (a cost
+    learned in a slow spell of the host, which no other step of the prefill could correct) starts the
+    window afresh.
   - Batch-invariant: a sequence's logits are bit-identical whichever sequences share its steps
     (libstrata's kernels sum every row in a fixed order whatever the batch, strata.h), and a prompt's
     pieces, of any length, give the bits of one evaluation of the whole prompt: each piece but the
@@ -69,7 +70,7 @@ GDN_CHUNK = 64          # native/src/model/gdn.c: the chunked form's chunk (STRA
 GDN_CHUNK_MIN = 32      # gdn.c GDN_CHUNK_MIN_TOKENS: a step this long runs the chunked form
 MIN_PIECE = 16          # prefill tokens a step gives the first prompt even when decode tokens fill the budget
 DECODE_WINDOW = 16      # itl_factor: decode-only steps whose median native time is a decode step's cost
-DECODE_PROBE = 16       # itl_factor: while decoders wait beside a prompt, every this many steps one is decode-only
+DECODE_PROBE = 16       # itl_factor: beside a prompt's prefill, every this many steps one is decode-only
 PROBE_STALE = 0.67      # a probe under this fraction of the decode cost: the window was learned in a slow spell
 
 
@@ -593,15 +594,13 @@ class Engine:
         batch = [(p, 0, len(p.ids), True, False) for p in short]
         left = self.token_budget - sum(len(p.ids) for p in short)
         floor = MIN_PIECE
+        mixed = bool(short and long_)
+        begins, self._mixed_last = mixed and not self._mixed_last, mixed
         self._probing = False
-        if not (short and long_):
-            self._mixed_last = False
-        if short and long_ and self.itl_factor:
-            if not self._mixed_last:             # a prefill begins beside decoders: probe at its second step
-                self._since_probe = DECODE_PROBE - 2
-            self._mixed_last = True
-            self._since_probe += 1
-            if self._since_probe >= DECODE_PROBE and self._t_decode:   # a probe: the decode tokens alone
+        if mixed and self.itl_factor:
+            # a probe (the decode tokens alone): a prefill's second step, then every DECODE_PROBE-th
+            self._since_probe = DECODE_PROBE - 1 if begins else self._since_probe + 1
+            if self._since_probe >= DECODE_PROBE and self._t_decode:
                 self._since_probe = 0
                 self._probing = True
                 return batch

@@ -12,6 +12,13 @@
 
 #include "kernels/cpu/gemm.h"
 
+/* y [L x w.rows] *= the .scale of matrix mi of w, where it has one. */
+static void apply_scale(const mdl_mat *w, int64_t mi, int64_t L, float *y) {
+    if (!w->scale) return;
+    const float s = mdl_mat_scale(w, mi);
+    for (int64_t i = 0; i < L * w->rows; i++) y[i] *= s;
+}
+
 strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, const float *x, int64_t L,
                          float *y) {
     const char *data = w->data + (size_t)mi * w->mat_bytes;
@@ -19,10 +26,7 @@ strata_status mdl_matmul(const strata_model *m, const mdl_mat *w, int64_t mi, co
      * (the choice, its measurements and STRATA_GEMM are in kernels/cpu/gemm.c) */
     strata_status rc = strata_mm_auto(m->pool, w->t, m->isa, data, w->rows, w->cols, x, L, y);
     if (rc) return rc;
-    if (w->scale) {
-        const float s = mdl_mat_scale(w, mi);
-        for (int64_t i = 0; i < L * w->rows; i++) y[i] *= s;
-    }
+    apply_scale(w, mi, L, y);
     return STRATA_OK;
 }
 
@@ -35,11 +39,7 @@ strata_status mdl_matmul_set(const strata_model *m, const mdl_mat *const *ws, in
         it[i] = (strata_mm_item){.t = ws[i]->t, .w = ws[i]->data, .rows = ws[i]->rows, .cols = ws[i]->cols,
                                  .x = x, .n = L, .y = ys[i]};
     strata_status rc = strata_mm_multi_auto(m->pool, m->isa, it, n);
-    for (int i = 0; i < n && !rc; i++)
-        if (ws[i]->scale) {
-            const float s = mdl_mat_scale(ws[i], 0);
-            for (int64_t k = 0; k < L * ws[i]->rows; k++) ys[i][k] *= s;
-        }
+    for (int i = 0; i < n && !rc; i++) apply_scale(ws[i], 0, L, ys[i]);
     return rc;
 }
 

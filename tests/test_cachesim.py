@@ -573,6 +573,42 @@ def test_the_synthetic_trace_matches_the_published_lru_figures(tmp_path):
     assert gen.generate(5, seed=1, mtp=2)[0].shape == (5, 48, 3, 10)
 
 
+def _load_tool(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_policy_bound_replays_the_generators_draws():
+    # tools/policy_bound.py tells its policies the generator's state: it must be the state behind the
+    # very draws make_routing_trace writes (the same random stream, consumed in the same order).
+    gen, pb = _load_generator(), _load_tool("policy_bound")
+    for n_layer, seed in ((4, 3), (48, 0)):
+        ex, pre, dem = pb.drifting(25, seed, gammas=(0.9,), n_layer=n_layer)
+        assert np.array_equal(ex, gen.generate(25, seed, n_layer=n_layer)[0])
+        ex, bound, a0 = pb.stationary(25, seed, n_layer=n_layer)
+        assert np.array_equal(ex, gen.generate(25, seed, n_layer=n_layer, drift=0.0, beta=0.0)[0])
+
+
+def test_a0_bounds_the_online_policies_on_the_stationary_trace():
+    # Windows drawn independently from one distribution: no online policy expects more hits than the C
+    # most likely keys held from the start (A0). A0 as demand paging admits only what a window asked
+    # for, so Belady (MIN, the demand-paging optimum on any sequence) bounds it in turn.
+    pb = _load_tool("policy_bound")
+    ex, bound, a0 = pb.stationary(500, 2, n_layer=8)
+    rep, default = pb.replayed(ex)
+    flat = pb.mrt.flat(ex)
+    for f in pb.FRACTIONS:
+        c = int(f * 8 * 512)
+        assert a0[f] <= rep[f]["belady"] and a0[f] <= bound[f], f
+        for p in cachesim.C_POLICIES:
+            hits, lookups = cachesim.replay_c(flat, p, c, 8, 512)
+            assert hits / lookups < bound[f], (p, f, hits / lookups, bound[f])
+    assert bound[0.25] < 0.95 * rep[0.25]["belady"]   # the goal at 25 %: out of every online policy's reach
+
+
 def test_cli_compare_and_online_check(tmp_path):
     trace = random_trace(4, n_windows=60)
     p = tmp_path / "trace.jsonl"

@@ -111,8 +111,11 @@ static void test_fp16(void) {
 static void test_act_quant(void) {
     enum { N = 2560 };
     static float x[N];
-    static act_q8_32 a32[2][N / 32];
-    static act_q8_256 a256[2][N / 256];
+    static act_q8_32 a32[3][N / 32];
+    static act_q8_256 a256[3][N / 256];
+    /* the scalar reference, then each vector path this CPU runs: the same blocks, byte for byte */
+    static const int path[3] = {STRATA_ISA_IDX_SCALAR, STRATA_ISA_IDX_AVX2, STRATA_ISA_IDX_AVX512};
+    static const char *const path_name[3] = {"scalar", "avx2", "avx512"};
     uint32_t s = 7;
     for (int trial = 0; trial < 50; trial++) {
         for (int i = 0; i < N; i++) {
@@ -130,9 +133,10 @@ static void test_act_quant(void) {
             x[1100] = -INFINITY;
             for (int i = 1200; i < 1232; i++) x[i] = NAN;
         }
-        for (int isa = 0; isa < (strata_cpu_has_isa(STRATA_ISA_IDX_AVX2) ? 2 : 1); isa++) {
-            strata_act_quantize_q8_32(x, a32[isa], N, isa);
-            strata_act_quantize_q8_256(x, a256[isa], N, isa);
+        for (int p = 0; p < 3; p++) {
+            if (!strata_cpu_has_isa(path[p])) continue;
+            strata_act_quantize_q8_32(x, a32[p], N, path[p]);
+            strata_act_quantize_q8_256(x, a256[p], N, path[p]);
         }
         for (int b = 0; b < N / 32; b++) {
             float amax = 0;
@@ -158,9 +162,10 @@ static void test_act_quant(void) {
                 for (int i = 0; i < 16; i++) sum += a256[0][b].qs[16 * j + i];
                 CHECK(sum == a256[0][b].bsums[j], "bsums");
             }
-        if (strata_cpu_has_isa(STRATA_ISA_IDX_AVX2)) {
-            CHECK(memcmp(a32[0], a32[1], sizeof a32[0]) == 0, "q8_32 scalar != avx2 (trial %d)", trial);
-            CHECK(memcmp(a256[0], a256[1], sizeof a256[0]) == 0, "q8_256 scalar != avx2 (trial %d)", trial);
+        for (int p = 1; p < 3; p++) {
+            if (!strata_cpu_has_isa(path[p])) continue;
+            CHECK(memcmp(a32[0], a32[p], sizeof a32[0]) == 0, "q8_32 scalar != %s (trial %d)", path_name[p], trial);
+            CHECK(memcmp(a256[0], a256[p], sizeof a256[0]) == 0, "q8_256 scalar != %s (trial %d)", path_name[p], trial);
         }
     }
 }

@@ -1,9 +1,10 @@
 /* act.c — activation quantization to the formats quantized weights multiply against.
- * The scalar code is the definition; the AVX2 code (kernels/cpu/avx2_act.c) performs the
- * same float operations in the same order, so both give identical blocks. NaN inputs are
- * ignored by the block maximum (fmaxf) and quantize to 0. */
+ * The scalar code is the definition; the AVX2 and AVX-512 code (kernels/cpu/avx2_act.c,
+ * avx512_act.c) perform the same float operations, so all give identical blocks. NaN inputs
+ * are ignored by the block maximum (fmaxf) and quantize to 0. */
 #include "quant.h"
 #include "../kernels/cpu/avx2.h"
+#include "../kernels/cpu/avx512_act.h"
 
 /* NaN (a NaN input, or inf * 0) becomes 0: converting it to an integer would be undefined. */
 static int8_t act_round(float v) { return v == v ? (int8_t)(int32_t)nearbyintf(v) : 0; }
@@ -45,6 +46,9 @@ static void act_q8_256_scalar(const float *x, act_q8_256 *y, int64_t n) {
 }
 
 void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa) {
+#if STRATA_HAVE_AVX512
+    if (strata_isa_has_avx512(isa)) { strata_avx512_act_q8_32(x, y, n); return; }
+#endif
 #if STRATA_HAVE_AVX2
     if (strata_isa_has_avx2(isa)) { strata_avx2_act_q8_32(x, y, n); return; }
 #endif
@@ -53,6 +57,9 @@ void strata_act_quantize_q8_32(const float *x, act_q8_32 *y, int64_t n, int isa)
 }
 
 void strata_act_quantize_q8_256(const float *x, act_q8_256 *y, int64_t n, int isa) {
+#if STRATA_HAVE_AVX512
+    if (strata_isa_has_avx512(isa)) { strata_avx512_act_q8_256(x, y, n); return; }
+#endif
 #if STRATA_HAVE_AVX2
     if (strata_isa_has_avx2(isa)) { strata_avx2_act_q8_256(x, y, n); return; }
 #endif

@@ -310,20 +310,41 @@ static int reads_in_place(const strata_mm_item *it) {
     return 1;
 }
 
+/* Places a piece of `bytes` (aligned to `align`, a power of two) at the end of a block being laid out:
+ * returns its offset and grows *total. Several arrays then share one allocation. */
+static size_t carve(size_t *total, size_t bytes, size_t align) {
+    const size_t at = (*total + align - 1) & ~(align - 1);
+    *total = at + bytes;
+    return at;
+}
+
 strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items) {
     if (n_items <= 0) return STRATA_OK;
-    void **xa = calloc((size_t)n_items, sizeof(void *));
-    size_t *xa_row = calloc((size_t)n_items, sizeof(size_t));
-    int *group_of = calloc((size_t)n_items, sizeof(int));
-    int *share = calloc((size_t)n_items, sizeof(int));       /* item whose gathered rows it reuses, or itself */
-    int *gather = calloc((size_t)n_items, sizeof(int));
-    act_group *groups = calloc((size_t)n_items, sizeof(act_group));
-    const strata_qtraits **gt = calloc((size_t)n_items, sizeof(*gt));
-    uint8_t **used = calloc((size_t)n_items, sizeof(uint8_t *));
-    uint8_t *conv = calloc((size_t)n_items, 1);
-    int16_t **x16 = calloc((size_t)n_items, sizeof *x16);
-    int *widen = calloc((size_t)n_items, sizeof *widen);
+    /* the per-item arrays in one zeroed block (a decode step runs ~20 of these calls: one allocation
+     * each, not eleven) */
+    const size_t ni = (size_t)n_items;
+    size_t meta_bytes = 0;
+    const size_t o_xa = carve(&meta_bytes, ni * sizeof(void *), 16), o_row = carve(&meta_bytes, ni * sizeof(size_t), 16),
+                 o_grp = carve(&meta_bytes, ni * sizeof(int), 16), o_share = carve(&meta_bytes, ni * sizeof(int), 16),
+                 o_gather = carve(&meta_bytes, ni * sizeof(int), 16),
+                 o_groups = carve(&meta_bytes, ni * sizeof(act_group), 16),
+                 o_gt = carve(&meta_bytes, ni * sizeof(strata_qtraits *), 16),
+                 o_used = carve(&meta_bytes, ni * sizeof(uint8_t *), 16), o_conv = carve(&meta_bytes, ni, 16),
+                 o_x16 = carve(&meta_bytes, ni * sizeof(int16_t *), 16), o_widen = carve(&meta_bytes, ni * sizeof(int), 16);
+    char *meta = calloc(1, meta_bytes);
+    void **xa = meta ? (void **)(meta + o_xa) : NULL;
+    size_t *xa_row = meta ? (size_t *)(meta + o_row) : NULL;
+    int *group_of = meta ? (int *)(meta + o_grp) : NULL;
+    int *share = meta ? (int *)(meta + o_share) : NULL;       /* item whose gathered rows it reuses, or itself */
+    int *gather = meta ? (int *)(meta + o_gather) : NULL;
+    act_group *groups = meta ? (act_group *)(meta + o_groups) : NULL;
+    const strata_qtraits **gt = meta ? (const strata_qtraits **)(meta + o_gt) : NULL;
+    uint8_t **used = meta ? (uint8_t **)(meta + o_used) : NULL;
+    uint8_t *conv = meta ? (uint8_t *)(meta + o_conv) : NULL;
+    int16_t **x16 = meta ? (int16_t **)(meta + o_x16) : NULL;
+    int *widen = meta ? (int *)(meta + o_widen) : NULL;
     int n_widen = 0;
+    char *bufs = NULL;   /* the activation rows (group and gathered), the quantize list and the tasks */
     char *scratch = NULL;
     size_t scratch_bytes = 0;
     int64_t (*tasks)[3] = NULL;
@@ -332,7 +353,7 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
     strata_status rc = STRATA_OK;
     int n_groups = 0, n_gather = 0;
     int64_t nq = 0, nt = 0;
-    if (!xa || !xa_row || !group_of || !share || !gather || !groups || !gt || !used || !conv || !x16 || !widen) {
+    if (!meta) {
         rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory");
         goto done;
     }
@@ -392,13 +413,24 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
                 items[k].n == items[i].n && !reads_in_place(&items[k])) { share[i] = k; break; }
         if (share[i] == i) { gather[n_gather++] = i; ibytes += xa_row[i] * (size_t)items[i].n; }
     }
-    gbuf = malloc(gbytes ? gbytes : 1);
-    ibuf = malloc(ibytes ? ibytes : 1);
-    qrows = malloc((size_t)(nq ? nq : 1) * sizeof *qrows);
-    if (!gbuf || !ibuf || !qrows) {
+    /* 3. row tasks per item, cut as a single matmul is */
+    for (int i = 0; i < n_items; i++) {
+        const strata_mm_item *it = &items[i];
+        const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
+        const int64_t rpt = conv[i] ? STRATA_CONV_ROWS : rows_per_task(w_row, it->rows, it->n, nth);
+        nt += (it->rows + rpt - 1) / rpt;
+    }
+    size_t buf_bytes = 0;
+    const size_t o_g = carve(&buf_bytes, gbytes, 64), o_i = carve(&buf_bytes, ibytes, 64),
+                 o_q = carve(&buf_bytes, (size_t)nq * sizeof *qrows, 16), o_t = carve(&buf_bytes, (size_t)nt * sizeof *tasks, 16);
+    if (!(bufs = malloc(buf_bytes ? buf_bytes : 1))) {
         rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld activation rows", (long long)nq);
         goto done;
     }
+    gbuf = bufs + o_g;
+    ibuf = bufs + o_i;
+    qrows = (int64_t (*)[2])(bufs + o_q);
+    tasks = (int64_t (*)[3])(bufs + o_t);
     {
         size_t off = 0;
         int64_t q = 0;
@@ -416,13 +448,6 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
         }
         for (int i = 0; i < n_items; i++) if (share[i] != i) xa[i] = xa[share[i]];
     }
-    /* 3. row tasks per item, cut as a single matmul is */
-    for (int i = 0; i < n_items; i++) {
-        const strata_mm_item *it = &items[i];
-        const size_t w_row = (size_t)(it->cols / it->t->block_size) * (size_t)it->t->type_size;
-        const int64_t rpt = conv[i] ? STRATA_CONV_ROWS : rows_per_task(w_row, it->rows, it->n, nth);
-        nt += (it->rows + rpt - 1) / rpt;
-    }
     if (scratch_bytes && !(scratch = aligned_alloc(64, scratch_bytes * (size_t)nth))) {
         rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %zu bytes of converted rows", scratch_bytes * (size_t)nth);
         goto done;
@@ -435,8 +460,6 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
         }
         widen[n_widen++] = i;
     }
-    tasks = malloc((size_t)nt * sizeof *tasks);
-    if (!tasks) { rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory for %lld tasks", (long long)nt); goto done; }
     {
         int64_t k = 0;
         for (int i = 0; i < n_items; i++) {
@@ -458,10 +481,12 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
     if (n_widen) strata_pool_run(n_widen > 1 ? pool : NULL, multi_widen_task, &M, n_widen);
     strata_pool_run(pool, multi_mm_task, &M, nt);
 done:
-    for (int g = 0; used && g < n_items; g++) free(used[g]);
-    free(used); free(gt); free(groups); free(gather); free(share); free(group_of);
-    free(tasks); free(qrows); free(gbuf); free(ibuf); free(xa); free(xa_row); free(conv); free(scratch);
-    for (int i = 0; x16 && i < n_items; i++) free(x16[i]);
-    free(x16); free(widen);
+    for (int i = 0; meta && i < n_items; i++) {
+        free(used[i]);
+        free(x16[i]);
+    }
+    free(meta);
+    free(bufs);
+    free(scratch);
     return rc;
 }

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/carve.h"
 #include "util/error.h"
 
 enum { GDN_CHUNK = 64, GDN_CHUNK_MIN_TOKENS = 32 };
@@ -409,11 +410,11 @@ void mdl_gdn_gates(const float *ssm_a, const float *dt_bias, int64_t L, int64_t 
 /* One sequence's part of a batched layer: its job and the buffers the job reads. */
 typedef struct {
     gdn_job J;
-    float *qkv, *cv, *ba, *qn;
+    float *qkv, *cv, *ba, *qn;   /* one allocation (util/carve.h), at qkv */
 } gdn_seq;
 
 static void gdn_seq_free(gdn_seq *g) {
-    free(g->qkv); free(g->cv); free(g->ba); free(g->qn);
+    free(g->qkv);
     g->qkv = g->cv = g->ba = g->qn = NULL;
 }
 
@@ -432,14 +433,17 @@ static strata_status gdn_prep(strata_session *s, int il, const float *P, int64_t
         st->open = malloc((size_t)gdn_open_floats(hp) * sizeof(float));
         if (!st->open) return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for an open chunk", il);
     }
-    float *qkv = g->qkv = malloc((size_t)((L + Kc - 1) * CD) * sizeof(float));
-    float *cvall = g->cv = malloc((size_t)(N * CD) * sizeof(float));
-    float *baall = g->ba = malloc((size_t)(N * Gv * 2) * sizeof(float));
-    float *qnall = g->qn = malloc((size_t)(N * KD * 2) * sizeof(float));
-    if (!qkv || !cvall || !baall || !qnall) {
-        gdn_seq_free(g);
-        return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
-    }
+    size_t bytes = 0;
+    const size_t o_qkv = carve(&bytes, (size_t)((L + Kc - 1) * CD) * sizeof(float), 64),
+                 o_cv = carve(&bytes, (size_t)(N * CD) * sizeof(float), 64),
+                 o_ba = carve(&bytes, (size_t)(N * Gv * 2) * sizeof(float), 64),
+                 o_qn = carve(&bytes, (size_t)(N * KD * 2) * sizeof(float), 64);
+    char *buf = malloc(bytes);
+    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)L);
+    float *qkv = g->qkv = (float *)(buf + o_qkv);
+    float *cvall = g->cv = (float *)(buf + o_cv);
+    float *baall = g->ba = (float *)(buf + o_ba);
+    float *qnall = g->qn = (float *)(buf + o_qn);
     /* the kept rows in front: of them only k is read here (the heads' rows are cached, gdn_job.heads);
      * the new rows' from row p on */
     if (p) memcpy(qnall + N * KD, st->open, (size_t)(p * KD) * sizeof(float));
@@ -508,17 +512,19 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
     const int64_t KD = Gk * dk, VD = Gv * dv, CD = 2 * KD + VD, ld = CD + VD + 2 * Gv;
     if (dk > 1024) return strata_fail(STRATA_ERR_UNSUPPORTED, "GDN head dim %lld > 1024", (long long)dk);
     /* the four projections of every row, each one product over all R rows, side by side per row */
-    float *pj = malloc((size_t)(R * (CD + VD + 2 * Gv)) * sizeof(float));
-    float *P = malloc((size_t)(R * ld) * sizeof(float));
-    float *o = malloc((size_t)(R * VD) * sizeof(float));
-    gdn_seq *G = calloc((size_t)n, sizeof *G);
-    void **args = malloc((size_t)n * sizeof *args);
-    int64_t *counts = malloc((size_t)n * sizeof *counts);
+    size_t bytes = 0;
+    const size_t o_pj = carve(&bytes, (size_t)(R * (CD + VD + 2 * Gv)) * sizeof(float), 64),
+                 o_P = carve(&bytes, (size_t)(R * ld) * sizeof(float), 64), o_o = carve(&bytes, (size_t)(R * VD) * sizeof(float), 64),
+                 o_G = carve(&bytes, (size_t)n * sizeof(gdn_seq), 64), o_args = carve(&bytes, (size_t)n * sizeof(void *), 16),
+                 o_counts = carve(&bytes, (size_t)n * sizeof(int64_t), 16);
+    char *buf = malloc(bytes);
+    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)R);
+    float *pj = (float *)(buf + o_pj), *P = (float *)(buf + o_P), *o = (float *)(buf + o_o);
+    gdn_seq *G = (gdn_seq *)(buf + o_G);
+    memset(G, 0, (size_t)n * sizeof *G);
+    void **args = (void **)(buf + o_args);
+    int64_t *counts = (int64_t *)(buf + o_counts);
     strata_status rc = STRATA_OK;
-    if (!pj || !P || !o || !G || !args || !counts) {
-        rc = strata_fail(STRATA_ERR_NOMEM, "GDN layer %d: no memory for %lld tokens", il, (long long)R);
-        goto done;
-    }
     float *pq = pj, *pz = pq + R * CD, *pb = pz + R * VD, *pa = pb + R * Gv;
     {
         const mdl_mat *ws[] = {&l->ssm_qkv, &l->ssm_z, &l->ssm_beta, &l->ssm_alpha};
@@ -555,7 +561,7 @@ strata_status mdl_gdn_multi(strata_session *const *ss, const int64_t *Ls, int n,
     if (!rc) rc = mdl_matmul(m, &l->ssm_out, 0, o, R, y);
     for (int i = 0; i < prepared; i++) gdn_seq_free(&G[i]);
 done:
-    free(pj); free(P); free(o); free(G); free(args); free(counts);
+    free(buf);
     return rc;
 }
 

@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 
+#include "util/carve.h"
 #include "util/error.h"
 
 /* The elementwise steps of a read between its products, one function each so that the CUDA
@@ -70,11 +71,14 @@ static void hc_mix_task(void *arg, int64_t t, int thread) {
 strata_status mdl_hc_read(const strata_model *m, const float *X, const float *norm, const mdl_mat *down,
                           const mdl_mat *up, const mdl_mat *inject, int64_t L, float *u, float *c) {
     const int64_t E = m->hp.n_embd, hc = m->hp.hc, W = hc * E, R = m->hp.hc_rank;
-    float *xh = malloc((size_t)(L * W) * sizeof(float));
-    float *g = malloc((size_t)(L * W) * sizeof(float));
-    float *a = malloc((size_t)(L * (R + hc)) * sizeof(float)), *ai = a + L * R;   /* W_down's, the inject's */
+    size_t bytes = 0;
+    const size_t o_xh = carve(&bytes, (size_t)(L * W) * sizeof(float), 64), o_g = carve(&bytes, (size_t)(L * W) * sizeof(float), 64),
+                 o_a = carve(&bytes, (size_t)(L * (R + hc)) * sizeof(float), 64);
+    char *buf = malloc(bytes);
+    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L);
+    float *xh = (float *)(buf + o_xh), *g = (float *)(buf + o_g);
+    float *a = (float *)(buf + o_a), *ai = a + L * R;   /* W_down's, the inject's */
     strata_status rc = STRATA_OK;
-    if (!xh || !g || !a) { rc = strata_fail(STRATA_ERR_NOMEM, "hyper-connection read: no memory for %lld tokens", (long long)L); goto done; }
     strata_pool *pool = L >= HC_POOL_MIN_ROWS ? m->pool : NULL;
     const hc_rows rows = {.m = m, .X = X, .norm = norm, .g = g, .xh = xh, .u = u};
     strata_pool_run(pool, hc_norm_task, (void *)&rows, L);
@@ -88,9 +92,7 @@ strata_status mdl_hc_read(const strata_model *m, const float *X, const float *no
     strata_pool_run(pool, hc_mix_task, (void *)&rows, L);
     if (inject) mdl_hc_inject_act(ai, L * hc, hc, c);
 done:
-    free(xh);
-    free(g);
-    free(a);
+    free(buf);
     return rc;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/cpu/gemm.h"
 #include "moe/offload.h"
 #include "util/trace.h"
+#include "util/carve.h"
 #include "util/error.h"
 
 static strata_mm_item item(const mdl_mat *w, int64_t e, const float *x, int64_t n, float *y) {
@@ -207,18 +208,30 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     const mdl_hparams *hp = &m->hp;
     const mdl_layer *l = &m->layers[il];
     const int64_t E = hp->n_embd, Ne = hp->n_expert, K = hp->n_expert_used, Fe = hp->ff_exp, Fs = hp->ff_shexp;
-    float *logits = malloc((size_t)(L * Ne) * sizeof(float));
-    int32_t *pick = malloc((size_t)(L * K) * sizeof(int32_t));
-    float *pw = malloc((size_t)(L * K) * sizeof(float));
-    /* count: Ne + 1 prefix sums, then Ne bytes of skip marks (the plan's result this call keeps) */
-    int64_t *count = calloc((size_t)Ne + 1 + ((size_t)Ne + 7) / 8, sizeof(int64_t));
-    int64_t *slot = malloc((size_t)(L * K) * sizeof(int64_t));   /* (token, k) pairs sorted by expert */
-    int64_t *tok = malloc((size_t)(L * K) * sizeof(int64_t));    /* the token of each slot: row of u */
-    float *xg = malloc((size_t)(L * K * E) * sizeof(float));
-    float *gu = malloc((size_t)(L * K * 2 * Fe + 2 * L * Fs) * sizeof(float));
-    float *hb = malloc((size_t)(L * K * Fe + L * Fs) * sizeof(float));
+    /* the layer's buffers, one allocation (util/carve.h) */
+    const size_t LK = (size_t)(L * K), count_bytes = ((size_t)Ne + 1 + ((size_t)Ne + 7) / 8) * sizeof(int64_t);
+    size_t bytes = 0;
+    const size_t o_logits = carve(&bytes, (size_t)(L * Ne) * sizeof(float), 64), o_pick = carve(&bytes, LK * sizeof(int32_t), 64),
+                 o_pw = carve(&bytes, LK * sizeof(float), 64), o_count = carve(&bytes, count_bytes, 64),
+                 o_slot = carve(&bytes, LK * sizeof(int64_t), 64), o_tok = carve(&bytes, LK * sizeof(int64_t), 64),
+                 o_xg = carve(&bytes, LK * (size_t)E * sizeof(float), 64),
+                 o_gu = carve(&bytes, (LK * 2 * (size_t)Fe + 2 * (size_t)(L * Fs)) * sizeof(float), 64),
+                 o_hb = carve(&bytes, (LK * (size_t)Fe + (size_t)(L * Fs)) * sizeof(float), 64),
+                 o_out = ext ? 0 : carve(&bytes, (LK * (size_t)E + (size_t)(L * E)) * sizeof(float), 64);
+    char *buf = malloc(bytes);
+    float *logits = buf ? (float *)(buf + o_logits) : NULL;
+    int32_t *pick = buf ? (int32_t *)(buf + o_pick) : NULL;
+    float *pw = buf ? (float *)(buf + o_pw) : NULL;
+    /* count: Ne + 1 prefix sums, then Ne bytes of skip marks (the plan's result this call keeps); zeroed */
+    int64_t *count = buf ? (int64_t *)(buf + o_count) : NULL;
+    if (count) memset(count, 0, count_bytes);
+    int64_t *slot = buf ? (int64_t *)(buf + o_slot) : NULL;   /* (token, k) pairs sorted by expert */
+    int64_t *tok = buf ? (int64_t *)(buf + o_tok) : NULL;     /* the token of each slot: row of u */
+    float *xg = buf ? (float *)(buf + o_xg) : NULL;
+    float *gu = buf ? (float *)(buf + o_gu) : NULL;
+    float *hb = buf ? (float *)(buf + o_hb) : NULL;
     /* the experts' rows, then the shared expert's (the device forward's: its buffer, no shared rows) */
-    float *out = ext ? ext->out : malloc((size_t)(L * K * E + L * E) * sizeof(float));
+    float *out = ext ? ext->out : buf ? (float *)(buf + o_out) : NULL;
     strata_mm_item *mm = NULL;
     off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
@@ -228,7 +241,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     const char **xsrc = NULL;       /* expert store + device: [Ne * 3] the copied groups' sources (plan->src) */
     int xs_held = 0;                /* the store's lock is held (xs_acquire .. xs_release) */
     strata_status rc = STRATA_OK;
-    if (!logits || !pick || !pw || !count || !slot || !tok || !xg || !gu || !hb || !out) {
+    if (!buf || !out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }
@@ -383,8 +396,7 @@ done:
         (void)off_finish(plan, 0.0, 0, 0);
     }
     if (xs_held) xs_release(m->xs);
-    free(logits); free(pick); free(pw); free(count); free(slot); free(tok); free(xg); free(gu); free(hb); free(mm);
-    if (!ext) free(out);
+    free(buf); free(mm);
     free(xidx); free(xptr); free(xsrc);
     return rc;
 }

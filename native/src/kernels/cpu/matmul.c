@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../util/carve.h"
 #include "../../util/error.h"
 #if STRATA_HAVE_AVX2
 #include "avx2_iq.h"
@@ -308,14 +309,6 @@ static int reads_in_place(const strata_mm_item *it) {
     for (int64_t j = 0; j < it->n; j++)
         if (it->x_src_rows[j] != j) return 0;
     return 1;
-}
-
-/* Places a piece of `bytes` (aligned to `align`, a power of two) at the end of a block being laid out:
- * returns its offset and grows *total. Several arrays then share one allocation. */
-static size_t carve(size_t *total, size_t bytes, size_t align) {
-    const size_t at = (*total + align - 1) & ~(align - 1);
-    *total = at + bytes;
-    return at;
 }
 
 strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_item *items, int n_items) {

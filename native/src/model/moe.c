@@ -219,19 +219,20 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
                  o_hb = carve(&bytes, (LK * (size_t)Fe + (size_t)(L * Fs)) * sizeof(float), 64),
                  o_out = ext ? 0 : carve(&bytes, (LK * (size_t)E + (size_t)(L * E)) * sizeof(float), 64);
     char *buf = malloc(bytes);
-    float *logits = buf ? (float *)(buf + o_logits) : NULL;
-    int32_t *pick = buf ? (int32_t *)(buf + o_pick) : NULL;
-    float *pw = buf ? (float *)(buf + o_pw) : NULL;
+    if (!buf) return strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
+    float *logits = (float *)(buf + o_logits);
+    int32_t *pick = (int32_t *)(buf + o_pick);
+    float *pw = (float *)(buf + o_pw);
     /* count: Ne + 1 prefix sums, then Ne bytes of skip marks (the plan's result this call keeps); zeroed */
-    int64_t *count = buf ? (int64_t *)(buf + o_count) : NULL;
-    if (count) memset(count, 0, count_bytes);
-    int64_t *slot = buf ? (int64_t *)(buf + o_slot) : NULL;   /* (token, k) pairs sorted by expert */
-    int64_t *tok = buf ? (int64_t *)(buf + o_tok) : NULL;     /* the token of each slot: row of u */
-    float *xg = buf ? (float *)(buf + o_xg) : NULL;
-    float *gu = buf ? (float *)(buf + o_gu) : NULL;
-    float *hb = buf ? (float *)(buf + o_hb) : NULL;
+    int64_t *count = (int64_t *)(buf + o_count);
+    memset(count, 0, count_bytes);
+    int64_t *slot = (int64_t *)(buf + o_slot);   /* (token, k) pairs sorted by expert */
+    int64_t *tok = (int64_t *)(buf + o_tok);     /* the token of each slot: row of u */
+    float *xg = (float *)(buf + o_xg);
+    float *gu = (float *)(buf + o_gu);
+    float *hb = (float *)(buf + o_hb);
     /* the experts' rows, then the shared expert's (the device forward's: its buffer, no shared rows) */
-    float *out = ext ? ext->out : buf ? (float *)(buf + o_out) : NULL;
+    float *out = ext ? ext->out : (float *)(buf + o_out);
     strata_mm_item *mm = NULL;
     off_plan *plan = NULL;          /* offload: the engine's plan (holds its lock until off_finish) */
     const int8_t *kind = NULL;      /* plan->kind: OFF_* per expert; NULL: every group on the CPU pool */
@@ -241,7 +242,7 @@ static strata_status moe_run(strata_session *s, int il, const float *u, int64_t 
     const char **xsrc = NULL;       /* expert store + device: [Ne * 3] the copied groups' sources (plan->src) */
     int xs_held = 0;                /* the store's lock is held (xs_acquire .. xs_release) */
     strata_status rc = STRATA_OK;
-    if (!buf || !out) {
+    if (!out) {
         rc = strata_fail(STRATA_ERR_NOMEM, "MoE layer %d: no memory for %lld tokens", il, (long long)L);
         goto done;
     }

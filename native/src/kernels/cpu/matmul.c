@@ -325,17 +325,18 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
                  o_used = carve(&meta_bytes, ni * sizeof(uint8_t *), 16), o_conv = carve(&meta_bytes, ni, 16),
                  o_x16 = carve(&meta_bytes, ni * sizeof(int16_t *), 16), o_widen = carve(&meta_bytes, ni * sizeof(int), 16);
     char *meta = calloc(1, meta_bytes);
-    void **xa = meta ? (void **)(meta + o_xa) : NULL;
-    size_t *xa_row = meta ? (size_t *)(meta + o_row) : NULL;
-    int *group_of = meta ? (int *)(meta + o_grp) : NULL;
-    int *share = meta ? (int *)(meta + o_share) : NULL;       /* item whose gathered rows it reuses, or itself */
-    int *gather = meta ? (int *)(meta + o_gather) : NULL;
-    act_group *groups = meta ? (act_group *)(meta + o_groups) : NULL;
-    const strata_qtraits **gt = meta ? (const strata_qtraits **)(meta + o_gt) : NULL;
-    uint8_t **used = meta ? (uint8_t **)(meta + o_used) : NULL;
-    uint8_t *conv = meta ? (uint8_t *)(meta + o_conv) : NULL;
-    int16_t **x16 = meta ? (int16_t **)(meta + o_x16) : NULL;
-    int *widen = meta ? (int *)(meta + o_widen) : NULL;
+    if (!meta) return strata_fail(STRATA_ERR_NOMEM, "matmul: no memory");
+    void **xa = (void **)(meta + o_xa);
+    size_t *xa_row = (size_t *)(meta + o_row);
+    int *group_of = (int *)(meta + o_grp);
+    int *share = (int *)(meta + o_share);       /* item whose gathered rows it reuses, or itself */
+    int *gather = (int *)(meta + o_gather);
+    act_group *groups = (act_group *)(meta + o_groups);
+    const strata_qtraits **gt = (const strata_qtraits **)(meta + o_gt);
+    uint8_t **used = (uint8_t **)(meta + o_used);
+    uint8_t *conv = (uint8_t *)(meta + o_conv);
+    int16_t **x16 = (int16_t **)(meta + o_x16);
+    int *widen = (int *)(meta + o_widen);
     int n_widen = 0;
     char *bufs = NULL;   /* the activation rows (group and gathered), the quantize list and the tasks */
     char *scratch = NULL;
@@ -346,10 +347,6 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
     strata_status rc = STRATA_OK;
     int n_groups = 0, n_gather = 0;
     int64_t nq = 0, nt = 0;
-    if (!meta) {
-        rc = strata_fail(STRATA_ERR_NOMEM, "matmul: no memory");
-        goto done;
-    }
     const int nth = strata_pool_n_threads(pool);
     /* 1. the activation groups, and the source rows each uses */
     for (int i = 0; i < n_items; i++) {
@@ -474,7 +471,7 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
     if (n_widen) strata_pool_run(n_widen > 1 ? pool : NULL, multi_widen_task, &M, n_widen);
     strata_pool_run(pool, multi_mm_task, &M, nt);
 done:
-    for (int i = 0; meta && i < n_items; i++) {
+    for (int i = 0; i < n_items; i++) {
         free(used[i]);
         free(x16[i]);
     }

@@ -48,41 +48,58 @@ CUTOFF = 150.0
 PUBLISHED_LRU = {93: 0.435, 186: 0.620, 279: 0.720, 372: 0.789}
 
 
+class RoutingModel:
+    """The model's state and random stream, one draw at a time (generate() runs it; tools/policy_bound.py
+    tells its policies this state). rank(w)[l, e]: expert e's popularity rank in layer l at window w;
+    h: the recency trace."""
+
+    def __init__(self, seed: int = 0, n_layer: int = N_LAYER, n_expert: int = N_EXPERT, top_k: int = TOP_K,
+                 zipf_s: float = ZIPF_S, beta: float = BETA, rho: float = RHO, drift: float = DRIFT,
+                 floor: float = FLOOR, cutoff: float = CUTOFF):
+        self.rng = np.random.default_rng(seed)
+        self.n_expert, self.top_k = n_expert, top_k
+        self.beta, self.rho, self.drift, self.floor = beta, rho, drift, floor
+        ranks = np.arange(n_expert, dtype=np.float64)
+        self.base = -zipf_s * np.log1p(ranks) - ranks / cutoff      # base log-odds by rank
+        self.rank0 = np.stack([self.rng.permutation(n_expert) for _ in range(n_layer)])
+        self.h = np.zeros((n_layer, n_expert))
+        self.rows = np.arange(n_layer)[:, None]
+
+    def rank(self, w: int):
+        """The ranking at window w: it moves along a fixed cycle, so the hot set drifts through the experts."""
+        return (self.rank0 + int(self.drift * w)) % self.n_expert if self.drift else self.rank0
+
+    def odds(self, w: int, h=None):
+        """q[l, e]: the chance that one draw of window w picks e (with recency trace h, default the current)."""
+        local = self.base[self.rank(w)] + self.beta * (self.h if h is None else h)
+        local = np.exp(local - local.max(axis=1, keepdims=True))
+        return (1.0 - self.floor) * local / local.sum(axis=1, keepdims=True) + self.floor / self.n_expert
+
+    def draw(self, w: int):
+        """One token of window w: (its top-k, best first; their weights), and the recency trace moves on."""
+        logit = np.log(self.odds(w))
+        score = logit + self.rng.gumbel(size=logit.shape)
+        top = np.argpartition(-score, self.top_k, axis=1)[:, :self.top_k]
+        top = top[self.rows, np.argsort(-score[self.rows, top], axis=1)]
+        lt = logit[self.rows, top]
+        wt = np.exp(lt - lt.max(axis=1, keepdims=True))
+        self.h *= self.rho
+        self.h[self.rows, top] += 1.0
+        return top, wt / wt.sum(axis=1, keepdims=True)
+
+
 def generate(n_windows: int, seed: int = 0, mtp: int = 0, n_layer: int = N_LAYER, n_expert: int = N_EXPERT,
              top_k: int = TOP_K, zipf_s: float = ZIPF_S, beta: float = BETA, rho: float = RHO,
              drift: float = DRIFT, floor: float = FLOOR,
              cutoff: float = CUTOFF):
     """Returns (experts, weights): int32 and float32 arrays (n_windows, n_layer, 1 + mtp, top_k),
     experts best first."""
-    rng = np.random.default_rng(seed)
-    n_tok = 1 + mtp
-    ranks = np.arange(n_expert, dtype=np.float64)
-    base = -zipf_s * np.log1p(ranks) - ranks / cutoff
-    # rank_of[l, e]: expert e's popularity rank in layer l; logp[l, e] its base log-odds
-    rank0 = np.stack([rng.permutation(n_expert) for _ in range(n_layer)])
-    rank_of = rank0
-    h = np.zeros((n_layer, n_expert))
-    experts = np.empty((n_windows, n_layer, n_tok, top_k), dtype=np.int32)
-    weights = np.empty((n_windows, n_layer, n_tok, top_k), dtype=np.float32)
-    rows = np.arange(n_layer)[:, None]
+    gen = RoutingModel(seed, n_layer, n_expert, top_k, zipf_s, beta, rho, drift, floor, cutoff)
+    experts = np.empty((n_windows, n_layer, 1 + mtp, top_k), dtype=np.int32)
+    weights = np.empty((n_windows, n_layer, 1 + mtp, top_k), dtype=np.float32)
     for w in range(n_windows):
-        if drift:   # the ranking moves along a fixed cycle: the hot set drifts through the experts
-            rank_of = (rank0 + int(drift * w)) % n_expert
-        logp = base[rank_of]
-        for t in range(n_tok):
-            local = logp + beta * h
-            local = np.exp(local - local.max(axis=1, keepdims=True))
-            logit = np.log((1.0 - floor) * local / local.sum(axis=1, keepdims=True) + floor / n_expert)
-            score = logit + rng.gumbel(size=logit.shape)
-            top = np.argpartition(-score, top_k, axis=1)[:, :top_k]
-            order = np.argsort(-score[rows, top], axis=1)
-            top = top[rows, order]
-            lt = logit[rows, top]
-            wt = np.exp(lt - lt.max(axis=1, keepdims=True))
-            experts[w, :, t] = top
-            weights[w, :, t] = wt / wt.sum(axis=1, keepdims=True)
-            h *= rho
-            h[rows, top] += 1.0
+        for t in range(1 + mtp):
+            experts[w, :, t], weights[w, :, t] = gen.draw(w)
     return experts, weights
 
 

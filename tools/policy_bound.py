@@ -41,38 +41,6 @@ EXACT = 10          # windows of the horizon evaluated with the recency trace; t
 HORIZON = 700       # windows in the demand policy's value (g^700 < 1e-6 for every g above)
 
 
-class State:
-    """make_routing_trace.generate's state and random stream, one window at a time: the same draws."""
-
-    def __init__(self, seed: int, n_layer: int, drift: float, beta: float):
-        self.rng = np.random.default_rng(seed)
-        self.n_layer, self.drift, self.beta = n_layer, drift, beta
-        ranks = np.arange(mrt.N_EXPERT, dtype=np.float64)
-        self.base = -mrt.ZIPF_S * np.log1p(ranks) - ranks / mrt.CUTOFF
-        self.rank0 = np.stack([self.rng.permutation(mrt.N_EXPERT) for _ in range(n_layer)])
-        self.h = np.zeros((n_layer, mrt.N_EXPERT))
-        self.rows = np.arange(n_layer)[:, None]
-
-    def rank(self, w: int):
-        return (self.rank0 + int(self.drift * w)) % mrt.N_EXPERT if self.drift else self.rank0
-
-    def odds(self, w: int, h=None):
-        """q[l, e]: the chance that one draw of window w picks e (the generator's odds)."""
-        local = self.base[self.rank(w)] + self.beta * (self.h if h is None else h)
-        local = np.exp(local - local.max(axis=1, keepdims=True))
-        return (1.0 - mrt.FLOOR) * local / local.sum(axis=1, keepdims=True) + mrt.FLOOR / mrt.N_EXPERT
-
-    def draw(self, w: int):
-        """Window w's top-k, best first (generate's draw, one token a window), and the state moves on."""
-        logit = np.log(self.odds(w))
-        score = logit + self.rng.gumbel(size=logit.shape)
-        top = np.argpartition(-score, mrt.TOP_K, axis=1)[:, :mrt.TOP_K]
-        top = top[self.rows, np.argsort(-score[self.rows, top], axis=1)]
-        self.h *= mrt.RHO
-        self.h[self.rows, top] += 1.0
-        return top
-
-
 def _picked(top, n_keys: int):
     n_layer = top.shape[0]
     keys = (np.arange(n_layer)[:, None] * mrt.N_EXPERT + top).ravel()
@@ -94,7 +62,7 @@ def _keep(cand, value, c: int):
 def stationary(n_windows: int, seed: int, n_layer: int = mrt.N_LAYER):
     """A0 on the stationary generator: (experts, {fraction: the C most likely keys held from the first
     window -- the bound}, {fraction: A0 as demand paging -- the C most likely of the keys asked for so far})."""
-    st = State(seed, n_layer, 0.0, 0.0)
+    st = mrt.RoutingModel(seed, n_layer, drift=0.0, beta=0.0)
     n_keys = n_layer * mrt.N_EXPERT
     q = st.odds(0).ravel()
     caps = [int(f * n_keys) for f in FRACTIONS]
@@ -105,7 +73,7 @@ def stationary(n_windows: int, seed: int, n_layer: int = mrt.N_LAYER):
     bound = np.zeros(len(caps))
     experts = np.empty((n_windows, n_layer, 1, mrt.TOP_K), np.int32)
     for w in range(n_windows):
-        top = st.draw(w)
+        top, _ = st.draw(w)
         experts[w, :, 0] = top
         pk = _picked(top, n_keys)
         fresh = (pk & ~seen).any()
@@ -123,7 +91,7 @@ def stationary(n_windows: int, seed: int, n_layer: int = mrt.N_LAYER):
 def drifting(n_windows: int, seed: int, gammas=GAMMAS, n_layer: int = mrt.N_LAYER):
     """The told-the-state policies on the committed trace: (experts, {fraction: prefetch rate},
     {fraction: {gamma: demand rate}})."""
-    st = State(seed, n_layer, mrt.DRIFT, mrt.BETA)
+    st = mrt.RoutingModel(seed, n_layer)
     n_keys = n_layer * mrt.N_EXPERT
     caps = [int(f * n_keys) for f in FRACTIONS]
     q0 = st.odds(0, np.zeros_like(st.h))[0][np.argsort(st.rank0[0])]     # the odds by rank, no recency
@@ -135,7 +103,7 @@ def drifting(n_windows: int, seed: int, gammas=GAMMAS, n_layer: int = mrt.N_LAYE
     k = mrt.TOP_K
     for w in range(n_windows):
         q = st.odds(w).ravel()
-        top = st.draw(w)
+        top, _ = st.draw(w)
         experts[w, :, 0] = top
         pk = _picked(top, n_keys)
         for i, c in enumerate(caps):

@@ -215,6 +215,38 @@ def test_cancel_one_request_midway(tiny):
     assert met["requests_cancelled"] == 1 and met["requests_running"] == 0
 
 
+def test_requests_run_on_the_engine_thread(tiny, monkeypatch):
+    """Each request's generate loop (sampling, MTP drafts and windows, its session's evals) runs as a
+    greenlet on the engine's one thread, not a thread of its own: no hand-off between threads per
+    token. A running request's session evaluated from elsewhere is refused, not run beside the step."""
+    import threading
+
+    from pyrunner.model import Session
+    m = _model(tiny, "cpu")
+    where = set()
+    plain = Session.eval
+
+    def eval_(self, *a, **kw):
+        where.add(threading.get_ident())
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(Session, "eval", eval_)
+    threads0 = threading.active_count()
+    with Engine(m, max_seqs=4) as eng:
+        reqs = [eng.submit(p, SamplingParams(max_tokens=12, temperature=0), mtp=k)
+                for p, k in zip(PROMPTS[:4], (0, 2, 0, 3))]
+        next(iter(reqs[0]))
+        assert threading.active_count() <= threads0 + 1           # the engine's thread, nothing per request
+        sess = eng._sess_of.get(reqs[0])
+        if sess is not None:
+            with pytest.raises(RuntimeError, match="outside the engine"):
+                plain(sess, [5])
+        got = [r.result(60) for r in reqs]
+        ident = eng._thread.ident
+    assert where == {ident}
+    assert all(g.finish_reason == "length" and len(g.tokens) == 12 for g in got)
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding(tiny):
     """The budget: while a 900-token prompt is prefilled in pieces, every step also carries the decoding
     request's token, and no step holds more than the budget of 64 tokens: 63 of prefill beside the

@@ -56,8 +56,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import greenlet
+import numpy as np
 
 from . import trace
 from ._native import StrataError
@@ -537,6 +537,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the engine thread
     _stop = False
+    _root = None         # the engine thread's own greenlet, the workers' parent (set by _run)
     step_log = None      # a list: every step appends {"short": evaluations taken whole, "prefill_tokens"}
 
     def _run(self) -> None:
@@ -629,6 +630,8 @@ class Engine:
         return batch
 
     def _step(self, batch) -> list:
+        """Runs one step of the planned pieces; returns the evaluations it ended (their last piece ran, or
+        the step failed: their error), for the engine's loop to switch back into their workers."""
         m = self.model
         items = []
         if self.step_log is not None:

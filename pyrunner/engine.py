@@ -256,8 +256,7 @@ class _Batcher:
         eng = self.engine
         if p.g is eng._root or p.g.parent is not eng._root:
             raise RuntimeError("a session of the engine was evaluated outside the engine's worker")
-        with eng._cv:
-            eng._pending.append(p)
+        eng._pending.append(p)          # only the engine's thread touches _pending: no lock
         eng._root.switch()
         if p.error is not None:
             raise p.error
@@ -339,7 +338,7 @@ class Engine:
         self._cv = threading.Condition()
         self._queue: collections.deque = collections.deque()    # submitted, not running
         self._running: dict = {}                                # Request -> its worker's greenlet
-        self._pending: list = []                                # _Pending evaluations
+        self._pending: list = []                                # _Pending evaluations (the engine thread's alone)
         self._free: list = []                                   # idle sessions (prefix reuse), newest last
         self._sess_of: dict = {}                                # running Request -> its session
         self._held: dict = {}                                   # session -> its state bytes after its last step

@@ -311,7 +311,8 @@ def test_row_group_kernels_match_scalar(name, isa):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_legacy_several_column_rows_kernel(name, isa):
     """The 32-value formats' rows kernel for 4..16 columns (avx2_legacy.c qr_rows: codes transposed
-    across the lanes): rows shorter than a group (1..7 blocks: qr_short, rows across the lanes), every
+    across the lanes) and for 1..3 columns on rows of one group and a part (8..15 blocks: ql_rows_few,
+    the columns in registers): rows shorter than a group (1..7 blocks: qr_short, rows across the lanes), every
     partial last group (rows of 8..23 blocks: 0..7 left after groups of 8),
     the activations taken in column chunks when a row is long (7,680 values: 7 columns at once) and
     the fallback to vec_dot when it is longer still (16,384 values); extreme codes (0xff, and 0x80,
@@ -319,6 +320,7 @@ def test_legacy_several_column_rows_kernel(name, isa):
     need_isa(isa)
     rng = np.random.default_rng(seed(name, "rows4"))
     cases = [(5, 32 * b, n) for b in range(1, 24) for n in (4, 5, 8, 9)] + \
+            [(r, 32 * b, n) for b in range(7, 17) for n in (1, 2, 3) for r in (1, 6)] + \
             [(3, 7680, 16), (2, 7680, 12), (2, 16384, 8), (9, 256, 16), (1, 2560, 6)]
     matmul_equals_scalar(name, isa, cases, rng)
 

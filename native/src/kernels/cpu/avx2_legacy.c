@@ -16,6 +16,12 @@ typedef enum { QL_Q4_0, QL_Q4_1, QL_Q5_0, QL_Q5_1, QL_Q8_0 } qlfmt;
 
 enum { QL_MAX_COLS = 16 };
 
+/* The kernels' entry points take every helper inline (flatten; the noinline ones excepted): past
+ * its unit-growth limit GCC leaves some out of line, then every group pays calls and its vectors
+ * go through memory (adding ql_rows_few cost ql_terms and qr_transpose8 their inlining: one column
+ * 1.4x slower). */
+#define QL_ENTRY __attribute__((flatten))
+
 static inline int ql_ts(qlfmt f) {
     switch (f) {
     case QL_Q4_0: return 18;
@@ -266,31 +272,63 @@ __attribute__((noinline)) static void ql_vec_dot_n(qlfmt f, int64_t n, const voi
     }
 }
 
+/* K = 1..3 columns of rows r = 0..nrows-1 of at least one group (nb >= 8), y[c * ldy + r]: for
+ * each column exactly ql_vec_dot_1's steps (so its results bit for bit), group by group, the group's
+ * scales loaded once for the K. With K a constant the accumulators stay in registers and the row
+ * loop is here: ql_vec_dot_n's arrays and call cost as much as a 256-wide row's products (perf: at
+ * 2 columns such rows ran 1.6x slower per column than at 1). */
+static inline void ql_rows_few(qlfmt f, const int K, int64_t n, const void *w, size_t w_row, int64_t nrows,
+                           const void *x, size_t x_stride, float *y, int64_t ldy) {
+    const int ts = ql_ts(f);
+    const int two = ql_has_min(f);
+    const int64_t nb = n / 32;
+    const int rem = (int)(nb & 7);
+    const int64_t nfull = nb - rem;
+    const int nk = rem && rem <= 4 ? 4 : 8;   /* ql_vec_dot_1's tail group */
+    const act_q8_32 *xa[3];
+    for (int c = 0; c < K; c++) xa[c] = (const act_q8_32 *)((const char *)x + (size_t)c * x_stride);
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wp = (const uint8_t *)w + (size_t)r * w_row;
+        __m256 acc[3];
+        for (int c = 0; c < K; c++) acc[c] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nfull; b += 8) {
+            __m256 d, m;
+            ql_scales(f, 8, wp + b * ts, NULL, &d, &m);
+            for (int c = 0; c < K; c++)
+                acc[c] = q8_apply(ql_terms(f, 8, NULL, wp + b * ts, NULL, d, m, xa[c] + b, NULL), two, acc[c]);
+        }
+        if (rem)
+            for (int c = 0; c < K; c++)
+                acc[c] = ql_tail1(f, nk, wp + (nb - nk) * ts, NULL, xa[c] + nb - nk, NULL, rem, acc[c]);
+        for (int c = 0; c < K; c++) y[(int64_t)c * ldy + r] = strata_hsum8_avx2(acc[c]);
+    }
+}
+
 static inline void ql_vec_dot(qlfmt f, int64_t n, const void *w, const void *x, size_t x_stride,
                               int ncols, float *y) {
     if (ncols == 1) ql_vec_dot_1(f, n, w, x, y);
     else ql_vec_dot_n(f, n, w, x, x_stride, ncols, y);
 }
 
-void strata_avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+QL_ENTRY void strata_avx2_vec_dot_q4_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q4_0, n, w, x, xs, nc, y);
 }
-void strata_avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+QL_ENTRY void strata_avx2_vec_dot_q4_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q4_1, n, w, x, xs, nc, y);
 }
-void strata_avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+QL_ENTRY void strata_avx2_vec_dot_q5_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q5_0, n, w, x, xs, nc, y);
 }
-void strata_avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+QL_ENTRY void strata_avx2_vec_dot_q5_1(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q5_1, n, w, x, xs, nc, y);
 }
-void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
+QL_ENTRY void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t xs, int nc, float *y) {
     ql_vec_dot(QL_Q8_0, n, w, x, xs, nc, y);
 }
 
 /* ---------------------------------------------------------------- several rows at once
  *
- * quant.h's rows kernel for products of QR_MIN_COLS or more columns. ql_vec_dot_n pays, per column
+ * quant.h's rows kernel for products of QR_MIN_COLS or more columns (fewer: ql_rows_few, ql_vec_dot_n). ql_vec_dot_n pays, per column
  * and group of 8 blocks, a transpose-reduction (14 shuffles and 7 adds; Q4 in 16 bits) to bring
  * each block's exact sum into its lane. Here both operands go across the lanes instead: the codes
  * of a group are transposed so that int32 lane j of vector i holds codes 4i..4i+3 of block j, the
@@ -335,7 +373,7 @@ typedef struct {
 static inline int64_t qr_first(int64_t g, int64_t ng, int64_t nb) { return g < ng ? 8 * g : nb - 8; }
 
 /* Columns c0..c0+nc-1, ngt groups each, into xs[c * ngt + g]. */
-static void qr_acts(const void *x, size_t x_stride, int c0, int nc, int64_t ng, int64_t ngt, int64_t nb,
+__attribute__((noinline)) static void qr_acts(const void *x, size_t x_stride, int c0, int nc, int64_t ng, int64_t ngt, int64_t nb,
                     qr_group *xs) {
     for (int c = 0; c < nc; c++) {
         const act_q8_32 *a = (const act_q8_32 *)((const char *)x + (size_t)(c0 + c) * x_stride);
@@ -381,7 +419,7 @@ static inline __m256i qr_sums(qlfmt f, const __m256i w[8], const __m256i wu[8], 
  * zero-block tables per row). Each row's float part is vec_dot's: block k's term fma(d_k dx_k,
  * sumi_k, 0) (then the min's), 0 past the row, the eight added in strata_hsum8's order, so the
  * results are vec_dot's bit for bit. */
-static void qr_short(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+__attribute__((noinline)) static void qr_short(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                      size_t x_stride, int ncols, float *y, int64_t ldy) {
     const int nb = (int)(n / 32), ts = ql_ts(f), two = ql_has_min(f), off = ql_offset(f);
     const int rs = (int)w_row; /* < 8 blocks */
@@ -448,6 +486,16 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
         if (nb) qr_short(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
         return;
     }
+    /* Rows of one group (8..15 blocks: flash-small's 256 values) at a constant K (see ql_rows_few):
+     * at 2 and 3 columns 1.4-2.3x faster than ql_vec_dot_n, whose call and arrays cost as much as
+     * such a row's products. Longer rows keep ql_vec_dot_n, which decodes a group once for all
+     * columns where ql_rows_few does it per column (no faster there, slower on Q5). */
+    if (ncols < QR_MIN_COLS && ng == 1) {
+        if (ncols == 1) ql_rows_few(f, 1, n, w, w_row, nrows, x, x_stride, y, ldy);
+        else if (ncols == 2) ql_rows_few(f, 2, n, w, w_row, nrows, x, x_stride, y, ldy);
+        else ql_rows_few(f, 3, n, w, w_row, nrows, x, x_stride, y, ldy);
+        return;
+    }
     int cpc = ngt ? (int)(QR_SCRATCH / (ngt * (int64_t)sizeof(qr_group))) : 0;
     if (cpc > QL_MAX_COLS) cpc = QL_MAX_COLS;
     if (ncols < QR_MIN_COLS || cpc < QR_MIN_COLS) {
@@ -509,23 +557,23 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
     }
 }
 
-void strata_avx2_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+QL_ENTRY void strata_avx2_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                            int ncols, float *y, int64_t ldy) {
     qr_rows(QL_Q4_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
-void strata_avx2_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+QL_ENTRY void strata_avx2_rows_q4_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                            int ncols, float *y, int64_t ldy) {
     qr_rows(QL_Q4_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
-void strata_avx2_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+QL_ENTRY void strata_avx2_rows_q5_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                            int ncols, float *y, int64_t ldy) {
     qr_rows(QL_Q5_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
-void strata_avx2_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+QL_ENTRY void strata_avx2_rows_q5_1(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                            int ncols, float *y, int64_t ldy) {
     qr_rows(QL_Q5_1, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }
-void strata_avx2_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
+QL_ENTRY void strata_avx2_rows_q8_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                            int ncols, float *y, int64_t ldy) {
     qr_rows(QL_Q8_0, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
 }

@@ -234,6 +234,15 @@ typedef struct {
     float *q, *cs, *scratch, *tmp;
     int32_t *sel, *n_sel;
     const float *qg;
+    /* qsa_prep's arguments and result, for the pool task that runs it (qsa_seq_task) */
+    struct {
+        strata_session *s;
+        mdl_layer_state *st;
+        int64_t p0, L;
+        const float *qg, *kk, *vv, *ik;
+        float *iq, *o;
+        strata_status rc;
+    } a;
 } qsa_seq;
 
 static void qsa_seq_free(qsa_seq *g) {
@@ -258,8 +267,7 @@ static strata_status qsa_prep(strata_session *s, int il, mdl_layer_state *st, in
     if (sel_cap > p0 + L) sel_cap = p0 + L;
     const int nt = strata_pool_n_threads(m->pool);
     const int64_t n_max = p0 + L;
-    const int64_t grp = H / Hkv;
-    if (grp > 256) return strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il, (long long)grp);
+    const int64_t grp = H / Hkv;   /* at most 256 (qsa_rows) */
     int64_t scratch_w = grp * n_max + hd;               /* attention: scores of the group + a row */
     const int64_t sel_w = 2 * (sel_cap + 8) + (r > 0 ? n_max / r : 0);  /* selection: the block heap, the scores */
     if (scratch_w < sel_w) scratch_w = sel_w;
@@ -324,6 +332,21 @@ static void qsa_post(const qsa_seq *g) {
             mdl_qsa_gate(g->J.o + (t * H + h) * hd, g->qg + t * 2 * H * hd + h * 2 * hd + hd, hd);
 }
 
+/* qsa_prep of sequence i (only its own state and rows are touched, so the sequences of a step run
+ * side by side: serially they were 20 us of an 8-sequence QSA layer on flash-small, the other thread
+ * idle). */
+typedef struct {
+    qsa_seq *G;
+    int il;
+} qsa_seqs;
+
+static void qsa_seq_task(void *arg, int64_t i, int thread) {
+    (void)thread;
+    const qsa_seqs *A = arg;
+    qsa_seq *g = &A->G[i];
+    g->a.rc = qsa_prep(g->a.s, A->il, g->a.st, g->a.p0, g->a.L, g->a.qg, g->a.kk, g->a.vv, g->a.iq, g->a.ik, g->a.o, g);
+}
+
 /* The projections of R rows, each one product over all of them, then per sequence i (st[i], p0[i], Ls[i]
  * rows, consecutive) the core, then W_o over all rows. */
 static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const *st, const int64_t *p0,
@@ -344,6 +367,11 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
         rc = strata_fail(STRATA_ERR_NOMEM, "attention layer %d: no memory for %lld tokens", il, (long long)R);
         goto done;
     }
+    if (H / Hkv > 256) {
+        rc = strata_fail(STRATA_ERR_UNSUPPORTED, "attention layer %d: %lld query heads per KV head (at most 256)", il,
+                         (long long)(H / Hkv));
+        goto done;
+    }
     float *kk = kv, *vv = kv + R * Hkv * hd, *iq = iqk, *ik = iqk + R * nI * dI;
     {
         const mdl_mat *ws[] = {&l->attn_q, &l->attn_k, &l->attn_v, &l->idx_q, &l->idx_k};
@@ -353,15 +381,31 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
     /* every sequence's norms, RoPE and cache writes, then all their selections in one pool job and all
      * their attention in another, then the gates */
     int64_t r0 = 0;
-    int prepared = 0;
-    for (; prepared < n && !rc; prepared++) {
-        const int i = prepared;
-        rc = qsa_prep(ss[i], il, st[i], p0[i], Ls[i], qg + r0 * 2 * H * hd, kk + r0 * Hkv * hd, vv + r0 * Hkv * hd,
-                      iq + r0 * nI * dI, ik + r0 * dI, o + r0 * H * hd, &G[i]);
+    for (int i = 0; i < n; i++) {
+        G[i].a.s = ss[i];
+        G[i].a.st = st[i];
+        G[i].a.p0 = p0[i];
+        G[i].a.L = Ls[i];
+        G[i].a.qg = qg + r0 * 2 * H * hd;
+        G[i].a.kk = kk + r0 * Hkv * hd;
+        G[i].a.vv = vv + r0 * Hkv * hd;
+        G[i].a.iq = iq + r0 * nI * dI;
+        G[i].a.ik = ik + r0 * dI;
+        G[i].a.o = o + r0 * H * hd;
         args[i] = &G[i].J;
         r0 += Ls[i];
     }
-    if (rc) prepared--;               /* the failed one freed its own buffers */
+    {
+        qsa_seqs A = {.G = G, .il = il};
+        if (n == 1) qsa_seq_task(&A, 0, 0);
+        else strata_pool_run(m->pool, qsa_seq_task, &A, n);
+    }
+    /* a failed prep freed its own buffers (the rest are freed below); its message was written on the
+     * thread that ran it, so it is written again here */
+    for (int i = 0; i < n && !rc; i++)
+        if (G[i].a.rc)
+            rc = n == 1 ? G[i].a.rc
+                        : strata_fail(G[i].a.rc, "attention layer %d: no memory for %lld tokens", il, (long long)Ls[i]);
     if (!rc) {
         for (int i = 0; i < n; i++) counts[i] = Ls[i];
         rc = mdl_pool_run_multi(m->pool, select_task, args, counts, n);
@@ -372,7 +416,7 @@ static strata_status qsa_rows(strata_session *const *ss, mdl_layer_state *const 
     }
     for (int i = 0; i < n && !rc; i++) qsa_post(&G[i]);
     if (!rc) rc = mdl_matmul(m, &l->attn_o, 0, o, R, y);
-    for (int i = 0; i < prepared; i++) qsa_seq_free(&G[i]);
+    for (int i = 0; i < n; i++) qsa_seq_free(&G[i]);
 done:
     free(qg); free(kv); free(iqk); free(o); free(G); free(args); free(counts);
     return rc;

@@ -19,11 +19,16 @@
 
 /* Thread i's slice of a job: it claims tasks next.. up to end from its own counter (a line of its
  * own, so claims cost no transfer between cores), then helps the others claim from theirs. Every
- * task runs exactly once, whichever thread claims it; tasks do not wait on one another. */
+ * task runs exactly once, whichever thread claims it; tasks do not wait on one another. The slice
+ * is one word, end << 32 | next, so that a claim (fetch_add 1) sees the next task and the end of
+ * one job at once: a worker late for a job may claim while the caller writes the next job's slices
+ * (see threadpool.h), and with two words it could pair one job's next with the other's end. */
 typedef struct {
-    _Alignas(64) _Atomic int64_t next;
-    int64_t end;
+    _Alignas(64) _Atomic uint64_t word;
 } strata_pool_share;
+
+/* Jobs of more tasks run as several of at most this many (the slice's halves are 32 bits). */
+#define STRATA_POOL_MAX_TASKS ((int64_t)1 << 30)
 
 struct strata_pool {
     int n_threads;
@@ -41,7 +46,7 @@ struct strata_pool {
      * thread writing another (perf: the shared counter's `lock xadd` was ~7 % of an 8-sequence step). */
     _Alignas(64) _Atomic uint64_t generation;   /* bumped (release, under mu) to publish a job */
     _Atomic int stop;
-    _Alignas(64) _Atomic int pending;           /* threads still working on the job (caller included) */
+    _Alignas(64) _Atomic int64_t done;          /* the job's tasks finished (each thread adds its count) */
 };
 
 typedef struct { strata_pool *pool; int index; } worker_arg;
@@ -60,23 +65,32 @@ static uint64_t now_us(void) {
 
 /* With the trace recorder on, one span per thread and job: from its first claim to the end of its
  * last task, with the number of tasks it ran (a span per task would cost more than small tasks). */
+/* A claim acquires the counter the caller released after writing the job (strata_pool_run), so the
+ * job's fields are visible to whoever claims one of its tasks, even a worker that woke for an
+ * earlier job. The thread's count of finished tasks is added to `done` once, at the end (release):
+ * the caller cannot publish another job before then, so one drain only ever runs one job's tasks. */
 static void drain(strata_pool *p, int thread) {
     const int tr = trc_on();
     const uint64_t t0 = tr ? trc_now() : 0;
     const int n = p->n_threads;
-    int64_t first = -1, ran = 0;
+    int64_t first = -1, ran = 0, job_tasks = 0;
     for (int k = 0; k < n; k++) {   /* its own slice first, then the others' in turn */
         strata_pool_share *sh = &p->share[(thread + k) % n];
         for (;;) {
-            const int64_t t = atomic_fetch_add_explicit(&sh->next, 1, memory_order_relaxed);
-            if (t >= sh->end) break;
+            const uint64_t w = atomic_fetch_add_explicit(&sh->word, 1, memory_order_acquire);
+            const int64_t t = (int64_t)(uint32_t)w;
+            if (t >= (int64_t)(w >> 32)) break;
+            if (first < 0) {
+                first = t;
+                job_tasks = p->n_tasks;
+            }
             p->fn(p->arg, t, thread);
-            if (first < 0) first = t;
             ran++;
         }
     }
-    if (tr && ran) trc_emit(TRC_POOL_TASK, t0, trc_now(), (int32_t)first, thread, ran, p->n_tasks);
-    atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+    if (!ran) return;
+    if (tr) trc_emit(TRC_POOL_TASK, t0, trc_now(), (int32_t)first, thread, ran, job_tasks);
+    atomic_fetch_add_explicit(&p->done, ran, memory_order_release);
 }
 
 /* Waits for a generation other than `seen`: spins first, then sleeps. Returns it, or
@@ -168,27 +182,51 @@ void strata_pool_destroy(strata_pool *p) {
 
 int strata_pool_n_threads(const strata_pool *p) { return p ? p->n_threads : 1; }
 
+typedef struct {
+    strata_task_fn fn;
+    void *arg;
+    int64_t first;
+} pool_chunk;
+
+static void chunk_task(void *arg, int64_t t, int thread) {
+    const pool_chunk *c = arg;
+    c->fn(c->arg, c->first + t, thread);
+}
+
 void strata_pool_run(strata_pool *p, strata_task_fn fn, void *arg, int64_t n_tasks) {
     if (n_tasks <= 0) return;
     if (!p || p->n_threads == 1 || n_tasks == 1) {
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
         return;
     }
+    if (n_tasks > STRATA_POOL_MAX_TASKS) {
+        for (int64_t t0 = 0; t0 < n_tasks; t0 += STRATA_POOL_MAX_TASKS) {
+            pool_chunk c = {fn, arg, t0};
+            strata_pool_run(p, chunk_task, &c,
+                            n_tasks - t0 < STRATA_POOL_MAX_TASKS ? n_tasks - t0 : STRATA_POOL_MAX_TASKS);
+        }
+        return;
+    }
     pthread_mutex_lock(&p->run_lock);
     p->fn = fn;
     p->arg = arg;
     p->n_tasks = n_tasks;
-    for (int i = 0; i < p->n_threads; i++) {    /* contiguous slices: neighbouring tasks share data */
-        atomic_store_explicit(&p->share[i].next, n_tasks * i / p->n_threads, memory_order_relaxed);
-        p->share[i].end = n_tasks * (i + 1) / p->n_threads;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    /* contiguous slices (neighbouring tasks share data), stored with release: a claim from one sees
+     * everything above */
+    for (int i = 0; i < p->n_threads; i++) {
+        const uint64_t first = (uint64_t)(n_tasks * i / p->n_threads), end = (uint64_t)(n_tasks * (i + 1) / p->n_threads);
+        atomic_store_explicit(&p->share[i].word, end << 32 | first, memory_order_release);
     }
-    atomic_store_explicit(&p->pending, p->n_threads, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (p->sleepers) pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    for (unsigned i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+    /* until every task finished: a worker that claimed none is not waited for (one descheduled by
+     * another thread of the process, e.g. the PLE worker, held up ~5 jobs of every 8-sequence step
+     * on a 2-core host by ~20 us each) */
+    for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
         if (i < 256) cpu_relax();
         else sched_yield(); /* a worker was descheduled mid-task: let it run */
     }

@@ -312,7 +312,7 @@ def test_row_group_kernels_match_scalar(name, isa):
 def test_legacy_several_column_rows_kernel(name, isa):
     """The 32-value formats' rows kernel for 4..16 columns (avx2_legacy.c qr_rows: codes transposed
     across the lanes) and for 1..3 columns on rows of one group and a part (8..15 blocks: ql_rows_few,
-    the columns in registers): rows shorter than a group (1..7 blocks: qr_short, rows across the lanes), every
+    the columns in registers): rows shorter than a group (1..7 blocks: qr_lanes, rows across the lanes), every
     partial last group (rows of 8..23 blocks: 0..7 left after groups of 8),
     the activations taken in column chunks when a row is long (7,680 values: 7 columns at once) and
     the fallback to vec_dot when it is longer still (16,384 values); extreme codes (0xff, and 0x80,
@@ -357,16 +357,19 @@ def matmul_equals_scalar(name, isa, cases, rng, ctx=None):
 @pytest.mark.parametrize("isa", FAST_ISAS)
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_legacy_short_rows_kernel(name, isa):
-    """The 32-value formats' rows kernel for rows shorter than a group (avx2_legacy.c qr_short: eight
-    rows across the lanes; flash-small's hyper-connection up rows are one block) at one column (matmul's
-    SHORT1 case) and at 2, 3, 16 and 17 (columns in chunks of 16): rows of 1..7 blocks at every row
-    count 1..37 (whole and partial sets of 8 rows), and the rows of 8..16 blocks that matmul also hands
-    the rows kernel at one column (they take vec_dot), extreme codes included; bit for bit against the
-    scalar path."""
+    """The 32-value formats' rows kernel in the row lanes (avx2_legacy.c qr_lanes: eight rows across the
+    lanes) for rows shorter than a group (flash-small's hyper-connection up rows are one block) at one
+    column (matmul's SHORT1 case) and at 2, 3, 16 and 17 (columns in chunks of 16): rows of 1..7 blocks
+    at every row count 1..37 (whole and partial sets of 8 rows), and the rows of 8..16 blocks that matmul
+    also hands the rows kernel at one column (they take vec_dot); and rows of whole groups, one group
+    (256 values) at 2..17 columns, 2..4 groups at 2 and 3, beside one at 5 columns that stays in the
+    groups; extreme codes included; bit for bit against the scalar path."""
     need_isa(isa)
     rng = np.random.default_rng(seed(name, "short1"))
     cases = [(r, 32 * (1 + (r * 3) % 7), (1, 2, 3, 16, 17)[r % 5]) for r in range(1, 38)] + \
-            [(1024, 32, 1), (64, 224, 1), (17, 256, 1), (9, 512, 1), (8, 384, 1)]
+            [(1024, 32, 1), (64, 224, 1), (17, 256, 1), (9, 512, 1), (8, 384, 1)] + \
+            [(r, 256 * g, n) for r, g, n in [(8, 1, 2), (13, 1, 3), (21, 1, 4), (37, 1, 8), (16, 1, 16), (19, 1, 17),
+                                              (11, 2, 2), (24, 3, 3), (9, 4, 2), (17, 2, 5)]]
     matmul_equals_scalar(name, isa, cases, rng)
 
 

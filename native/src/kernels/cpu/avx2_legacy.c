@@ -328,16 +328,17 @@ QL_ENTRY void strata_avx2_vec_dot_q8_0(int64_t n, const void *w, const void *x, 
 
 /* ---------------------------------------------------------------- several rows at once
  *
- * quant.h's rows kernel for products of QR_MIN_COLS or more columns (fewer: ql_rows_few, ql_vec_dot_n). ql_vec_dot_n pays, per column
- * and group of 8 blocks, a transpose-reduction (14 shuffles and 7 adds; Q4 in 16 bits) to bring
- * each block's exact sum into its lane. Here both operands go across the lanes instead: the codes
- * of a group are transposed so that int32 lane j of vector i holds codes 4i..4i+3 of block j, the
- * activations once per call (for every row) and a row's weights once per group (for every
- * column). Eight maddubs (Q8_0: with the sign moved, as in q8_dot_s8) and their sums then leave
- * block j's exact sum in lane j with no reduction at all. The float part is ql_terms' and
- * q8_apply's, in the same order. A row's partial last group is the group of its last 8 blocks
- * rotated to the lanes of its new blocks, as q8_rotate does (a half group of 4 rotates its lanes
- * < rem to the same blocks): the results are vec_dot's bit for bit. */
+ * quant.h's rows kernel for products of QR_MIN_COLS or more columns on rows that are not whole
+ * groups or are longer than one (qr_rows sends the rest to qr_lanes, ql_rows_few and ql_vec_dot_n).
+ * ql_vec_dot_n pays, per column and group of 8 blocks, a transpose-reduction (14 shuffles and 7
+ * adds; Q4 in 16 bits) to bring each block's exact sum into its lane. Here both operands go across
+ * the lanes instead: the codes of a group are transposed so that int32 lane j of vector i holds
+ * codes 4i..4i+3 of block j, the activations once per call (for every row) and a row's weights once
+ * per group (for every column). Eight maddubs (Q8_0: with the sign moved, as in q8_dot_s8) and
+ * their sums then leave block j's exact sum in lane j with no reduction at all. The float part is
+ * ql_terms' and q8_apply's, in the same order. A row's partial last group is the group of its last
+ * 8 blocks rotated to the lanes of its new blocks, as q8_rotate does (a half group of 4 rotates its
+ * lanes < rem to the same blocks): the results are vec_dot's bit for bit. */
 enum {
     QR_MIN_COLS = 4,       /* below this the weights' transpose costs more than the reductions it saves */
     QR_SCRATCH = 64 << 10  /* the transposed activations of a call (longer rows take fewer columns at once) */
@@ -369,7 +370,7 @@ typedef struct {
 } qr_group;
 
 /* Group g of a row of nb >= 8 blocks starts at block 8g; with a partial last group (nb % 8), group
- * ng is the row's last 8 blocks. (Shorter rows take qr_short.) */
+ * ng is the row's last 8 blocks. (Shorter rows take qr_lanes.) */
 static inline int64_t qr_first(int64_t g, int64_t ng, int64_t nb) { return g < ng ? 8 * g : nb - 8; }
 
 /* Columns c0..c0+nc-1, ngt groups each, into xs[c * ngt + g]. */
@@ -411,18 +412,20 @@ static inline __m256i qr_sums(qlfmt f, const __m256i w[8], const __m256i wu[8], 
     return _mm256_add_epi32(_mm256_madd_epi16(h0, ones), _mm256_madd_epi16(h1, ones));
 }
 
-/* Rows shorter than a group (nb = 1..7 blocks: flash-small's 32-wide hyper-connection up rows are
- * one block) against up to QL_MAX_COLS columns at a time, eight rows at a time with row r0 + j in
- * lane j. Block k's codes of the eight rows are transposed as qr_rows transposes a group's blocks
- * (once for every column), so dword i of a column's activation block, broadcast, meets dword i of
- * every row at once and the sums need no reduction (vec_dot pays one full group's reduction and
- * zero-block tables per row). Each row's float part is vec_dot's: block k's term fma(d_k dx_k,
- * sumi_k, 0) (then the min's), 0 past the row, the eight added in strata_hsum8's order, so the
- * results are vec_dot's bit for bit. */
-__attribute__((noinline)) static void qr_short(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
+/* Eight rows at a time with row r0 + j in lane j (the row lanes), against up to QL_MAX_COLS columns
+ * at a time: rows shorter than a group (nb = 1..7 blocks: flash-small's 32-wide hyper-connection up
+ * rows are one block) and rows of whole groups (nb % 8 == 0: qr_rows says at which column counts).
+ * Block k's codes of the eight rows are transposed as qr_rows transposes a group's blocks (once for
+ * every column), so dword i of a column's activation block, broadcast, meets dword i of every row at
+ * once and the sums need no reduction: neither vec_dot's per group, nor a horizontal sum per row and
+ * column at the end, nor qr_rows' transposed activations. Each row's float part is vec_dot's: block
+ * k's term fma(d_k dx_k, sumi_k, acc) (then the min's) into accumulator k % 8 (vec_dot's lane k % 8),
+ * 0 past a short row, the eight added in strata_hsum8's order, so the results are vec_dot's bit for
+ * bit. */
+__attribute__((noinline)) static void qr_lanes(qlfmt f, int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x,
                      size_t x_stride, int ncols, float *y, int64_t ldy) {
     const int nb = (int)(n / 32), ts = ql_ts(f), two = ql_has_min(f), off = ql_offset(f);
-    const int rs = (int)w_row; /* < 8 blocks */
+    const int rs = (int)w_row;
     int64_t r0 = 0;
     for (; r0 + 8 <= nrows; r0 += 8) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * w_row;
@@ -456,7 +459,7 @@ __attribute__((noinline)) static void qr_short(qlfmt f, int64_t n, const void *w
                     } else {
                         t.a1 = t.b1 = _mm256_setzero_ps();
                     }
-                    p[c][k] = q8_apply(t, two, _mm256_setzero_ps());
+                    p[c][k & 7] = q8_apply(t, two, p[c][k & 7]);
                 }
             }
             for (int c = 0; c < nc; c++) {
@@ -482,14 +485,23 @@ static inline void qr_rows(qlfmt f, int64_t n, const void *w, size_t w_row, int6
     const int64_t nb = n / 32, ng = nb / 8;
     const int rem = (int)(nb % 8);
     const int64_t ngt = ng + (rem != 0);
-    if (ng == 0) { /* rows shorter than a group, at any column count (quant.h's SHORT1 case among them) */
-        if (nb) qr_short(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
+    /* Rows shorter than a group at any column count (quant.h's SHORT1 case among them), and rows of
+     * whole groups at 2..3 columns or, one group long (flash-small's 256 values), at 2 and more, take
+     * the row lanes. Against what those took before (1 thread, Zen 3, in-process A/B, median of 30
+     * pairs): Q8_0 8192 x 256 at 3 / 8 columns 0.82 / 0.88x, 1024 x 256 at 4 / 8 / 16 0.89 / 0.88 /
+     * 0.79x, 1024 x 1024 at 2 / 3 0.87 / 0.81x; Q4_0, Q4_1, Q5_0 8192 x 256 at 3 columns 0.58-0.70x,
+     * at 8 0.95x. Longer rows at 4 and more columns stay in the groups below (in the lanes 1024 x 1024
+     * at 4..16 columns: Q8_0 0.94-1.10x, Q4_0 1.09-1.12x), and one column in vec_dot's registers
+     * (8192 x 256: 1.22x in the lanes). */
+    if (ng == 0 || (rem == 0 && ncols >= 2 && (ng == 1 || ncols < QR_MIN_COLS))) {
+        if (nb) qr_lanes(f, n, w, w_row, nrows, x, x_stride, ncols, y, ldy);
         return;
     }
-    /* Rows of one group (8..15 blocks: flash-small's 256 values) at a constant K (see ql_rows_few):
-     * at 2 and 3 columns 1.4-2.3x faster than ql_vec_dot_n, whose call and arrays cost as much as
-     * such a row's products. Longer rows keep ql_vec_dot_n, which decodes a group once for all
-     * columns where ql_rows_few does it per column (no faster there, slower on Q5). */
+    /* Rows of one group and a part (9..15 blocks) at a constant K (see ql_rows_few): at 2 and 3
+     * columns 1.4-2.3x faster than ql_vec_dot_n, whose call and arrays cost as much as such a row's
+     * products; one group (8 blocks) at one column likewise. Longer rows keep ql_vec_dot_n, which
+     * decodes a group once for all columns where ql_rows_few does it per column (no faster there,
+     * slower on Q5). */
     if (ncols < QR_MIN_COLS && ng == 1) {
         if (ncols == 1) ql_rows_few(f, 1, n, w, w_row, nrows, x, x_stride, y, ldy);
         else if (ncols == 2) ql_rows_few(f, 2, n, w, w_row, nrows, x, x_stride, y, ldy);

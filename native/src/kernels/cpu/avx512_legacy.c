@@ -67,10 +67,10 @@ void strata_avx512_vec_dot_q8_0(int64_t n, const void *w, const void *x, size_t 
 
 /* quant.h rows kernels: what vec_dot gives, for nrows rows at once. Several columns take z8_rows
  * (avx512_q8.h: rows across the int32 lanes). At one column (matmul's SHORT1 case) rows shorter
- * than a group take the AVX2 path's 8-rows kernel (qr_short), as avx512_fp4.c's short rows do:
+ * than a group take the AVX2 path's 8-rows kernel (qr_lanes), as avx512_fp4.c's short rows do:
  * without it each such row went through vec_dot's pointer tables, and flash-small's hyper-connection
  * up rows are one Q8_0 block. 1 thread, Zen 4 (AVX-512 VNNI), us per 1024 x 32 product, Python's
- * call included (~4 us): Q8_0 27.6 (vec_dot) -> 7.6 (z8_rows) -> 6.5 (qr_short), Q4_0 28.1 -> 7.8
+ * call included (~4 us): Q8_0 27.6 (vec_dot) -> 7.6 (z8_rows) -> 6.5 (qr_lanes), Q4_0 28.1 -> 7.8
  * -> 5.7; 1024 x 96: Q8_0 27.8 -> 10.7 -> 9.2. Rows of 8..16 blocks keep vec_dot (z8_rows). */
 void strata_avx512_rows_q4_0(int64_t n, const void *w, size_t w_row, int64_t nrows, const void *x, size_t x_stride,
                              int ncols, float *y, int64_t ldy) {

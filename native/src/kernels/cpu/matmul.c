@@ -80,7 +80,9 @@ typedef struct {
 
 /* Enough tasks to balance the pool (about 8 per thread, at most 64 rows each), but each worth at
  * least MIN_TASK_BYTES of weight-bytes x columns, so that a small matrix is not split into tasks
- * cheaper than handing them to another thread. */
+ * cheaper than handing them to another thread; a multiple of 8 rows, as the rows kernels take rows
+ * eight at a time (avx2_legacy.c's qr_lanes, avx2_fp4.c) and hand a task's last rows % 8 to vec_dot
+ * (at 2 and 3 columns 60- and 41-row tasks left 4 and 1). */
 static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_threads) {
     enum { MIN_TASK_BYTES = 32 << 10 };
     const int64_t work_row = (int64_t)w_row * (n < COL_TILE ? n : COL_TILE);
@@ -88,7 +90,7 @@ static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_thread
     int64_t rpt = rows / ((int64_t)n_threads * 8);
     if (rpt > 64) rpt = 64;
     if (rpt < min_rows) rpt = min_rows;
-    return rpt;
+    return (rpt + 7) & ~(int64_t)7;
 }
 
 /* Whether the activations of this product are stored biased (codes q ^ 0x80) for a rows kernel

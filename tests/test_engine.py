@@ -232,16 +232,21 @@ def test_requests_run_on_the_engine_thread(tiny, monkeypatch):
 
     monkeypatch.setattr(Session, "eval", eval_)
     threads0 = threading.active_count()
-    with Engine(m, max_seqs=4) as eng:
+    with Engine(m, max_seqs=5) as eng:
+        # held runs for 900 tokens: still running while the test evaluates its session from outside
+        held = eng.submit(PROMPTS[4], SamplingParams(max_tokens=900, temperature=0))
         reqs = [eng.submit(p, SamplingParams(max_tokens=12, temperature=0), mtp=k)
                 for p, k in zip(PROMPTS[:4], (0, 2, 0, 3))]
-        next(iter(reqs[0]))
+        pieces = iter(held)
+        next(pieces)
         assert threading.active_count() <= threads0 + 1           # the engine's thread, nothing per request
-        sess = eng._sess_of.get(reqs[0])
-        if sess is not None:
-            with pytest.raises(RuntimeError, match="outside the engine"):
-                plain(sess, [5])
+        sess = eng._sess_of.get(held)
+        assert sess is not None, "the 900-token request ended before the check"
+        with pytest.raises(RuntimeError, match="outside the engine"):
+            plain(sess, [5])
         got = [r.result(60) for r in reqs]
+        held.cancel()
+        assert held.result(60).finish_reason == "cancelled"
         ident = eng._thread.ident
     assert where == {ident}
     assert all(g.finish_reason == "length" and len(g.tokens) == 12 for g in got)

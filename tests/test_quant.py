@@ -311,10 +311,11 @@ def test_row_group_kernels_match_scalar(name, isa):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_legacy_several_column_rows_kernel(name, isa):
     """The 32-value formats' rows kernel for 4..16 columns (avx2_legacy.c qr_rows: codes transposed
-    across the lanes) and for 1..3 columns on rows of one group and a part (8..15 blocks: ql_rows_few,
-    the columns in registers): rows shorter than a group (1..7 blocks: qr_lanes, rows across the lanes), every
-    partial last group (rows of 8..23 blocks: 0..7 left after groups of 8),
-    the activations taken in column chunks when a row is long (7,680 values: 7 columns at once) and
+    across the lanes) and for 1..3 columns on rows of one group and a part (9..15 blocks, and 8 at one
+    column: ql_rows_few, the columns in registers): rows shorter than a group and rows of whole groups
+    (qr_lanes, rows across the lanes; most products here have fewer than 8 rows, which it hands to
+    vec_dot: test_legacy_short_rows_kernel has sets of 8), every partial last group (rows of 8..23
+    blocks: 0..7 left after groups of 8), the activations taken in column chunks when a row is long (7,680 values: 7 columns at once) and
     the fallback to vec_dot when it is longer still (16,384 values); extreme codes (0xff, and 0x80,
     Q8_0's -128) included; bit for bit against the scalar path."""
     need_isa(isa)

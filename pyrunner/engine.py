@@ -643,6 +643,9 @@ class Engine:
             hid = p.hid[a:b] if p.hid is not None else None
             items.append((p.sess, p.ids[a:b], p.flags | (CONTINUED if cont else 0), out, hid))
         err = None
+        # the watchdog's stage name for the step (the requests' loops leave labelling to the engine)
+        n_tok = sum(b - a for _, a, b, *_ in batch)
+        trace.label(f"engine step {self.counters['steps_total'] + 1}: {len(items)} sequences, {n_tok} tokens")
         t0 = time.perf_counter()
         try:
             m.eval_batch(items)
@@ -659,7 +662,7 @@ class Engine:
         with self._cv:
             self._held.update(held)
             self.counters["steps_total"] += 1
-            self.counters["step_tokens_total"] += sum(b - a for _, a, b, *_ in batch)
+            self.counters["step_tokens_total"] += n_tok
             ready = []
             for p, a, b, *_ in batch:
                 p.pos = b

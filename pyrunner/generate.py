@@ -415,7 +415,11 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     prev_row = sess.hidden
     stats: dict = {"prompt_tokens": len(ids), "reused_prompt_tokens": reused}
     t0 = time.perf_counter()
-    trace.label(f"prefill of {len(ids) - reused} prompt tokens")
+    # the watchdog's stage names: under pyrunner.engine the step that runs this request's evals with the
+    # others' is labelled by the engine (a label here would name whichever request queued last)
+    own_labels = getattr(sess, "batcher", None) is None
+    if own_labels:
+        trace.label(f"prefill of {len(ids) - reused} prompt tokens")
     try:
         with trace.span("prefill", "prefill", tokens=len(ids) - reused, reused=reused):
             logits, rows, _ = sess.prefill(ids, hidden=drafter is not None, checkpoint_at=checkpoint_at)
@@ -468,7 +472,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                     quiet -= 1
                     policy.count_plain()
                     drafter.plain_steps += 1
-                trace.label(f"decode step {step}")
+                if own_labels:
+                    trace.label(f"decode step {step}")
                 with trace.span("decode step", "decode", step=step):
                     new = [sampler.sample(sess.eval([tok]), history)]
             else:
@@ -479,7 +484,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                 if policy is not None:
                     k = policy.choose(k)
                     p0, a0, t_w, e_w = drafter.proposed, drafter.accepted, time.perf_counter(), drafter.prompt_extend_s
-                trace.label(f"decode window {step} (MTP, up to {k} drafts)")
+                if own_labels:
+                    trace.label(f"decode window {step} (MTP, up to {k} drafts)")
                 with trace.span("decode window", "decode", step=step, drafts=k):
                     new = drafter.round(tok, history, k) if k > 0 or policy is None else \
                         drafter.plain(tok, history, policy.rows_wanted())

@@ -232,6 +232,21 @@ def test_watchdog_cli_generate_prints_partial_then_fails(tiny, reference, monkey
     assert "watchdog" in r.output.splitlines()[-1]
 
 
+def test_watchdog_under_the_engine_names_the_step(tiny, reference, monkeypatch):
+    """Under pyrunner.engine the watchdog's message names the engine's step (its sequences and tokens),
+    which runs every request's evaluation at once, not the label of whichever request queued last."""
+    from pyrunner.engine import Engine
+    from pyrunner.sampling import SamplingParams
+    _stall(monkeypatch, ms=900, at=4)
+    with Model(tiny, threads=2, n_ctx=256) as m:
+        with Engine(m, max_seqs=1, mtp=0, watchdog_s=0.5) as eng:
+            c = eng.submit(PROMPT, SamplingParams(max_tokens=10, temperature=0)).result(30)
+        time.sleep(1.0)                                        # the worker finishes its stalled step
+    assert c.finish_reason == "error" and c.tokens == reference[:3]
+    # the prompt was engine step 1 and each token a step after it; PLE step 4 stalled
+    assert "engine step 4: 1 sequences, 1 tokens" in c.error and "PLE gather worker" in c.error, c.error
+
+
 def test_watchdog_batch_writes_error_record_and_goes_on(tiny, reference, monkeypatch, tmp_path):
     _stall(monkeypatch, ms=900, at=4)
     inp = tmp_path / "in.jsonl"

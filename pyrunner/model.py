@@ -519,6 +519,10 @@ class _Saved:
         self.tokens, self.ckpt, self.logits, self.hidden = tokens, ckpt, logits, hidden
 
 
+def _outside_vocab(tok: int, n_vocab: int) -> ValueError:
+    return ValueError(f"token id {tok} is outside the vocabulary (0..{n_vocab - 1})")
+
+
 class Session:
     """One sequence's state: eval() appends tokens and returns logits.
 
@@ -690,7 +694,7 @@ class Session:
             # three numpy conversions and list, ~3 us of a token's Python under the engine
             vals = token_ids
             if not 0 <= vals[0] < V:
-                raise ValueError(f"token id {vals[0]} is outside the vocabulary (0..{V - 1})")
+                raise _outside_vocab(vals[0], V)
             ids32 = np.array(vals, dtype=np.int32)
         else:
             ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1))
@@ -699,8 +703,7 @@ class Session:
             vals = ids.tolist()
             # a few ids are checked in Python (numpy's min and max cost more there)
             if (min(vals) < 0 or max(vals) >= V) if ids.size <= 64 else (ids.min() < 0 or ids.max() >= V):
-                bad = int(ids[(ids < 0) | (ids >= V)][0])
-                raise ValueError(f"token id {bad} is outside the vocabulary (0..{V - 1})")
+                raise _outside_vocab(int(ids[(ids < 0) | (ids >= V)][0]), V)
             ids32 = ids.astype(np.int32)
         n = ids32.size
         out = np.empty((n, V) if all_logits else (V,), dtype=np.float32)

@@ -237,8 +237,7 @@ def test_requests_run_on_the_engine_thread(tiny, monkeypatch):
         held = eng.submit(PROMPTS[4], SamplingParams(max_tokens=900, temperature=0))
         reqs = [eng.submit(p, SamplingParams(max_tokens=12, temperature=0), mtp=k)
                 for p, k in zip(PROMPTS[:4], (0, 2, 0, 3))]
-        pieces = iter(held)
-        next(pieces)
+        next(iter(held))
         assert threading.active_count() <= threads0 + 1           # the engine's thread, nothing per request
         sess = eng._sess_of.get(held)
         assert sess is not None, "the 900-token request ended before the check"

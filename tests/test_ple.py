@@ -145,6 +145,50 @@ def test_a_repeated_token_hits_the_row_cache(tiny):
     assert first["cache_hits"] < 12 and again["floor_pages"] == first["floor_pages"]
 
 
+def _gather_threads(m, calls) -> tuple[list, list[str]]:
+    """(ple.gather's result for each of `calls`, its arguments; the name of the thread that ran each one's
+    ple_gather)."""
+    lib.strata_trace_enable(1, 4096)
+    try:
+        got = [ple.gather(m, *c) for c in calls]
+        buf = ffi.new("strata_trace_event[]", 4096)
+        n = lib.strata_trace_drain(buf, 4096)
+        names = []
+        for i in range(n):
+            if ffi.string(lib.strata_trace_kind_name(buf[i].kind)).decode() == "ple_gather":
+                name = ffi.new("char[]", 64)
+                lib.strata_trace_thread_name(buf[i].tid, name, 64)
+                names.append(ffi.string(name).decode())
+    finally:
+        lib.strata_trace_enable(0, 0)
+    return got, names
+
+
+def test_a_step_the_row_cache_holds_is_gathered_without_the_worker(tiny, reference):
+    """A step whose rows are all in the row cache is gathered by the thread that asks (no storage to wait
+    for: the worker's wake-up and the wait for it cost more than the copies); one with a row the cache lacks
+    goes to the worker. The rows and the counters are the same either way, and so are the logits."""
+    with Model(tiny, threads=1, n_ctx=64) as m:
+        got, names = _gather_threads(m, [([7, 8, 9], [5, 6]), ([7, 8, 9], [5, 6]), ([7, 8, 9], [5, 6]), ([40], [9, 8])])
+    (_, a, first), (_, b, again), (_, c, third), (_, _, other) = got
+    assert first["cache_hits"] < 12 and again["cache_hits"] == third["cache_hits"] == 12
+    assert other["cache_hits"] < 4                         # an n-gram not seen yet: its step reads the table
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    for k in ("rows", "floor_pages", "floor_sectors", "cache_lookups"):
+        assert first[k] == again[k], k
+    assert again["read_bytes"] == 0 and again["miss_pages"] == 0 and again["wait_s"] >= 0
+    assert names[0] == names[3] == "PLE worker" and names[1] == names[2] != "PLE worker"
+    # decoding a text twice: the second pass finds its rows cached; the logits are the worker's, bit for bit
+    with Model(tiny, threads=2, n_ctx=256, kv_type="f32", ple_mode="mmap") as m:
+        for _ in range(2):
+            s = m.session()
+            out = [s.eval(IDS, all_logits=True)] + [s.eval([t])[None] for t in DECODE]
+        st = s.stats()
+    np.testing.assert_array_equal(np.concatenate(out), reference[0])
+    assert st["ple_decode_cache_hits"] == st["ple_decode_cache_lookups"] == len(DECODE) * 4
+
+
 def test_a_batched_step_gathers_once_and_shares_its_counters(tiny):
     """Several sequences in one strata_batch_eval make one gather on the PLE worker (issue 18): each
     session's rows, tokens and steps are its own, and the shared counters (lookups, hits, floors,

@@ -4,7 +4,8 @@ CTest (the offload engine's test_offload among them), then the native-facing Pyt
 GGUF reader, quantizers, tokenizer, API, model) against the sanitized library. Any sanitizer report fails
 the run. ThreadSanitizer needs a build of its own (build/tsan: the static library and the threaded unit
 tests, CUDA off; TSan cannot share a process with ASan), where test_offload runs the engine with the sim
-device's copy and compute threads and test_pool the worker pool's jobs."""
+device's copy and compute threads, test_pool the worker pool's jobs and test_ple the PLE gather worker with
+two clients and a read-ahead thread."""
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "asan"
 TSAN_BUILD = ROOT / "build" / "tsan"
-# native unit tests whose subject runs threads: the sim device's engines, the store's reads, the worker pool
-TSAN_TESTS = ["test_offload", "test_xstore", "test_pool"]
+# native unit tests whose subject runs threads: the sim device's engines, the store's reads, the worker pool, the
+# PLE gather worker (and the steps its clients gather themselves)
+TSAN_TESTS = ["test_offload", "test_xstore", "test_pool", "test_ple"]
 SUITES = ["tests/test_native.py", "tests/test_quant.py", "tests/test_gguf.py", "tests/test_quantize.py",
           "tests/test_tokenizer.py", "tests/test_model_api.py", "tests/test_offload.py", "tests/test_ple.py",
           "tests/test_gemm.py", "tests/test_mtp.py", "tests/test_mtp_model.py", "tests/test_trace.py",

@@ -157,6 +157,7 @@ typedef struct {
     ple_hash *h;
     int steps, who;
     int bad;
+    int inline_steps;            /* repeated steps whose rows were all cached (gathered by the client) */
 } client;
 
 static void *client_main(void *arg) {
@@ -166,15 +167,19 @@ static void *client_main(void *arg) {
     for (int s = 0; s < c->steps; s++) {
         const int L = 1 + (s * 7 + c->who) % 40;
         for (int i = 0; i < 2 + L; i++) hist[i] = (int32_t)((s * 31 + i * 17 + c->who * 1000) % 5000);
-        uint64_t seq;
-        if (ple_submit(c->w, c, hist, L, &seq) != STRATA_OK) { c->bad++; continue; }
-        double wait_s;
-        if (ple_wait(c->w, seq, &wait_s) != STRATA_OK) { c->bad++; ple_release(c->w, c); continue; }
         ple_hash_rows(c->h, hist, L, want);
-        if (c->w->result.rows != (uint64_t)L * 4) c->bad++;
-        for (int i = 0; i < L * 4; i++)
-            if (c->w->rows[i] != want[i] || !row_ok(c->w->buf + (size_t)i * ROWB, want[i])) c->bad++;
-        ple_release(c->w, c);
+        /* each step twice: where the cache kept its rows, the second is gathered here, not by the worker */
+        for (int again = 0; again < 2; again++) {
+            uint64_t seq;
+            if (ple_submit(c->w, c, hist, L, &seq) != STRATA_OK) { c->bad++; continue; }
+            double wait_s;
+            if (ple_wait(c->w, seq, &wait_s) != STRATA_OK) { c->bad++; ple_release(c->w, c); continue; }
+            if (c->w->result.rows != (uint64_t)L * 4) c->bad++;
+            if (again && c->w->result.cache_hits == (uint64_t)L * 4) c->inline_steps++;
+            for (int i = 0; i < L * 4; i++)
+                if (c->w->rows[i] != want[i] || !row_ok(c->w->buf + (size_t)i * ROWB, want[i])) c->bad++;
+            ple_release(c->w, c);
+        }
     }
     return NULL;
 }
@@ -221,7 +226,7 @@ static void test_worker_two_threads(void) {
             pp.cache_bytes = budgets[b];
             CHECK(ple_worker_start(&w, &t, &h, 40, &pp) == STRATA_OK);
             CHECK(w.cache.cap == (b == 0 ? 0 : b == 1 ? 50 : NROWS));
-            client c[2] = {{&w, &h, 300, 0, 0}, {&w, &h, 300, 1, 0}};
+            client c[2] = {{&w, &h, 150, 0, 0, 0}, {&w, &h, 150, 1, 0, 0}};
             warmer q = {&w, 0, 0};
             pthread_t th[2], tq;
             pthread_create(&tq, NULL, warmer_main, &q);
@@ -230,8 +235,11 @@ static void test_worker_two_threads(void) {
             atomic_store(&q.stop, 1);
             pthread_join(tq, NULL);
             CHECK(c[0].bad == 0 && c[1].bad == 0);
+            /* a cache holding the table serves every repeated step from the client's thread */
+            CHECK(b != 2 || (c[0].inline_steps == 150 && c[1].inline_steps == 150));
+            CHECK(b != 0 || c[0].inline_steps + c[1].inline_steps == 0);
             CHECK(b > 0 || q.submitted == 0);            /* no cache: read-ahead is a no-op */
-            /* every step, the clients' 600 and the read-aheads, was done once; the worker ends idle */
+            /* every step, the clients' 600 (300, each twice) and the read-aheads, was done once; the worker ends idle */
             double ws;
             CHECK(ple_wait(&w, atomic_load(&w.req_seq), &ws) == STRATA_OK);
             CHECK(atomic_load(&w.done_seq) == 600 + (uint64_t)q.submitted && atomic_load(&w.req_seq) == atomic_load(&w.done_seq));

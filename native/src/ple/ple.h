@@ -92,6 +92,8 @@
 #define PLE_BOUNCE (1u << 20)   /* bytes of O_DIRECT reads in flight at once (and of one read) at most */
 #define PLE_AIO_DEPTH 64        /* O_DIRECT reads in flight at once at most */
 #define PLE_DIRECT_STEP_MAX 16  /* direct mode: steps up to this many tokens read O_DIRECT, without WILLNEED */
+#define PLE_INLINE_ROWS 256     /* a step of at most this many rows, all in the row cache, is gathered by the
+                                   submitting thread (ple_table.c gather_inline), not the worker */
 
 enum { PLE_MODE_AUTO = 0, PLE_MODE_MMAP = 1, PLE_MODE_DIRECT = 2 };
 
@@ -242,6 +244,7 @@ typedef struct {
     ple_span *spans;             /* [alloc * NH] scratch of ple_read_direct and ple_floors */
     uint8_t *bounce;             /* [PLE_BOUNCE] aligned O_DIRECT buffer (NULL without dfd) */
     ple_aio *aio;                /* the O_DIRECT reads' AIO context (NULL: none, reads one by one) */
+    int io_fd;                   /* the worker thread's /proc/thread-self/io (-1: none), its own */
     int64_t cap;                 /* most tokens a step may have */
     int64_t alloc;               /* tokens the buffers hold now (grown on demand up to cap) */
     /* settings */

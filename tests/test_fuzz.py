@@ -5,11 +5,14 @@ library) and fuzzes every parser for a bounded time:
   - fuzz_tokenizer: the tokenizer's encoder and vocabulary parser, seeded with texts and a
     vocabulary, for STRATA_FUZZ_TOKENIZER_SECONDS (default 30);
   - fuzz_model: the qwen4exp loader (hyperparameters, tensor shapes) and a short forward on
-    whatever loads, seeded with `micro` preset models, for STRATA_FUZZ_MODEL_SECONDS (default 30).
+    whatever loads, seeded with `micro` preset models, for STRATA_FUZZ_MODEL_SECONDS (default 30);
+  - fuzz_ple_sidecar: the packed PLE table's sidecar JSON (field readers and checks), seeded with
+    sidecars as pack-ple writes them, for STRATA_FUZZ_SIDECAR_SECONDS (default 15).
 Any crash, sanitizer report, timeout or OOM fails the test; the offending inputs are kept
 under build/fuzz/artifacts for reproduction (`build/fuzz/fuzz/<target> <file>`)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "fuzz"
 INSTALL_HINT = "apt-get install clang libclang-rt-14-dev"
+TARGETS = ("fuzz_gguf", "fuzz_tokenizer", "fuzz_model", "fuzz_ple_sidecar")
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +40,7 @@ def _run(cmd, **kw):
 
 @pytest.fixture(scope="module")
 def fuzzers() -> Path:
-    """Configures and builds both targets once (they share the instrumented library)."""
+    """Configures and builds the targets once (they share the instrumented library)."""
     clang = shutil.which("clang")
     if clang is None:
         pytest.fail(f"clang is not installed; the fuzzers need it: {INSTALL_HINT}")
@@ -49,9 +53,8 @@ def fuzzers() -> Path:
     _run([cmake, "-S", ROOT / "native", "-B", BUILD, f"-DCMAKE_C_COMPILER={clang}", "-DSTRATA_FUZZ=ON",
           "-DSTRATA_NATIVE=OFF", "-DSTRATA_CUDA=OFF", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
           f"-DPython3_EXECUTABLE={sys.executable}"])
-    _run([cmake, "--build", BUILD, "--target", "fuzz_gguf", "fuzz_tokenizer", "fuzz_model",
-          "-j", jobs])
-    for name in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_model"):
+    _run([cmake, "--build", BUILD, "--target", *TARGETS, "-j", jobs])
+    for name in TARGETS:
         assert (BUILD / "fuzz" / name).is_file(), f"{name} was not built"
     return BUILD / "fuzz"
 
@@ -127,3 +130,19 @@ def test_fuzz_model(fuzzers, tmp_path):
           "--recipe", "q8_0", "--mtp"])
     _fuzz(fuzzers / "fuzz_model", seeds, int(os.environ.get("STRATA_FUZZ_MODEL_SECONDS", "30")), tmp_path,
           max_len=200000)
+
+
+def test_fuzz_ple_sidecar(fuzzers, tmp_path):
+    from pyrunner.ple import FORMAT
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    good = {"format": FORMAT, "table": "ple_nvfp4.bin", "source": "ckpt sha256:0123456789abcdef", "total_rows": 1000,
+            "num_shards": 3, "rows_per_shard": 400, "shard_rows": [400, 400, 200], "row_dim": 160, "code_bytes": 80,
+            "scale_bytes": 10, "row_width": 90, "global_scales": [0.5, 1e-3, 2.0], "file_bytes": 90000}
+    variants = [good, dict(good, num_shards=2.5), dict(good, global_scales=[0.5, -1, 2]), dict(good, total_rows=1201),
+                dict(good, row_dim=64, code_bytes=32, scale_bytes=4, row_width=36), dict(good, source="a\\\"b")]
+    for i, v in enumerate(variants):
+        text = json.dumps(v, indent=i % 2 * 2).encode()
+        (seeds / f"sidecar{i}").write_bytes(b"\x00" + text)
+        (seeds / f"sidecar{i}-w64").write_bytes(b"\x08" + text)     # first byte 8: rows of 64 values
+    _fuzz(fuzzers / "fuzz_ple_sidecar", seeds, int(os.environ.get("STRATA_FUZZ_SIDECAR_SECONDS", "15")), tmp_path)

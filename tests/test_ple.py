@@ -413,6 +413,15 @@ def test_wrong_row_width_is_refused(packed):
         Model(gguf, n_ctx=32)
 
 
+def test_sidecar_counts_that_are_not_whole_numbers_are_refused(packed):
+    gguf, table = _copy_external(packed, "counts")
+    with open(ple.sidecar_path(table)) as f:
+        meta = json.load(f)
+    _edit_sidecar(table, num_shards=meta["num_shards"] + 0.5)
+    with pytest.raises(Exception, match=r"num_shards .* do not agree; rebuild it with `strata pack-ple`"):
+        Model(gguf, n_ctx=32)
+
+
 def test_sidecar_from_another_checkpoint_is_refused(packed):
     gguf, table = _copy_external(packed, "source")
     _edit_sidecar(table, source="other sha256:0000000000000000")

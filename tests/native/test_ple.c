@@ -150,6 +150,39 @@ static void test_json(void) {
     CHECK(ple_json_numbers(js, "empty", v, 4) == 0);
 }
 
+/* The sidecar's checks: a whole sidecar accepted with its fields; counts that are not whole numbers, scales
+ * that are not positive as floats, rows that do not fit the shards, another row width: refused, saying why. */
+static void test_sidecar(void) {
+    char js[1024];
+    const char *fmt = "{\"format\": \"strata-ple-nvfp4-v1\", \"source\": \"ckpt\", \"total_rows\": %s, \"num_shards\": %s,"
+                      " \"rows_per_shard\": 400, \"row_dim\": 160, \"code_bytes\": 80, \"scale_bytes\": 10,"
+                      " \"row_width\": 90, \"global_scales\": [%s]}";
+    ple_sidecar sc;
+    snprintf(js, sizeof js, fmt, "1000", "3", "0.5, 1e-3, 2");
+    CHECK(ple_sidecar_parse(js, "t.json", 160, &sc) == STRATA_OK);
+    CHECK(sc.rows == 1000 && sc.n_shard == 3 && sc.shard_rows == 400 && sc.width == 90 && !strcmp(sc.source, "ckpt"));
+    CHECK(sc.gscale && sc.gscale[0] == 0.5f && sc.gscale[1] == 1e-3f && sc.gscale[2] == 2.0f);
+    free(sc.gscale);
+    CHECK(ple_sidecar_parse(js, "t.json", 64, &sc) == STRATA_ERR_FORMAT && !sc.gscale);   /* another row width */
+    CHECK(strstr(strata_last_error(), "t.json") && strstr(strata_last_error(), "64-value rows"));
+    const char *bad[][3] = {{"1000", "2.5", "0.5, 1, 2"},      /* a fractional shard count */
+                            {"1000.5", "3", "0.5, 1, 2"},      /* a fractional row count */
+                            {"1201", "3", "0.5, 1, 2"},        /* more rows than three shards hold */
+                            {"800", "3", "0.5, 1, 2"},         /* the last shard empty */
+                            {"1000", "3", "0.5, 1e-50, 2"},    /* zero as a float */
+                            {"1000", "3", "0.5, 1e300, 2"},    /* infinite as a float */
+                            {"1000", "3", "0.5, 1"},           /* a scale short */
+                            {"1000", "1e300", "1"},            /* a million shards at most */
+                            {"1000", "-1", "1"}};              /* no shards (an absent count reads -1) */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(js, sizeof js, fmt, bad[i][0], bad[i][1], bad[i][2]);
+        CHECK(ple_sidecar_parse(js, "t.json", 160, &sc) == STRATA_ERR_FORMAT && !sc.gscale);
+        CHECK(strstr(strata_last_error(), "do not agree") != NULL);
+    }
+    CHECK(ple_sidecar_parse("{\"format\": \"other\"}", "t.json", 160, &sc) == STRATA_ERR_FORMAT);
+    CHECK(strstr(strata_last_error(), "strata pack-ple") != NULL);
+}
+
 /* ---------------------------------------------------------------- the worker */
 
 typedef struct {
@@ -432,6 +465,7 @@ int main(void) {
     test_hash_matches_the_spec();
     test_nvfp4_row();
     test_json();
+    test_sidecar();
     test_worker_two_threads();
     test_stalled_step_times_out();
     test_params_are_the_settings();

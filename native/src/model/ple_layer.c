@@ -120,60 +120,30 @@ static strata_status bind_external(strata_model *m, struct mdl_ple_engine *e, co
     char *js = NULL;
     strata_status rc = read_file_text(side, &js);
     if (rc) return rc;
-    char fmt[64] = "", src[256] = "", gsrc[256] = "";
-    double rows = -1, width = -1, dim = -1, cw = -1, sw = -1, nshard = -1, rps = -1;
-    ple_json_string(js, "format", fmt, sizeof fmt);
-    ple_json_string(js, "source", src, sizeof src);
-    ple_json_number(js, "total_rows", &rows);
-    ple_json_number(js, "row_width", &width);
-    ple_json_number(js, "row_dim", &dim);
-    ple_json_number(js, "code_bytes", &cw);
-    ple_json_number(js, "scale_bytes", &sw);
-    ple_json_number(js, "num_shards", &nshard);
-    ple_json_number(js, "rows_per_shard", &rps);
-    int64_t ngs = -1;
-    if (nshard >= 1 && nshard <= 1e6 && (e->gscale = malloc((size_t)nshard * sizeof(float)))) {
-        double *g = malloc((size_t)nshard * sizeof(double));
-        if (g && (ngs = ple_json_numbers(js, "global_scales", g, (int64_t)nshard)) == (int64_t)nshard)
-            for (int64_t i = 0; i < ngs; i++) {
-                e->gscale[i] = (float)g[i];
-                if (!(g[i] > 0) || !isfinite(g[i])) ngs = -1;
-            }
-        free(g);
-    }
+    ple_sidecar sc;
+    rc = ple_sidecar_parse(js, side, h->ple_row_dim, &sc);
     free(js);
-    const int64_t D = h->ple_row_dim;
-    if (strcmp(fmt, "strata-ple-nvfp4-v1"))
-        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: format \"%s\" is not strata-ple-nvfp4-v1; rebuild it "
-                           "with `strata pack-ple`", side, fmt);
-    if (dim != (double)D || cw != (double)(D / 2) || sw != (double)(D / 16) || width != cw + sw || D % 16)
-        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: rows of %.0f values (%.0f code + %.0f scale bytes = "
-                           "row width %.0f) do not fit this model's %lld-value rows (%lld + %lld = %lld bytes)",
-                           side, dim, cw, sw, width, (long long)D, (long long)(D / 2), (long long)(D / 16),
-                           (long long)(D / 2 + D / 16));
-    if (!(rows > 0) || rows != floor(rows) || !(nshard >= 1) || !(rps >= 1) || ngs != (int64_t)nshard ||
-        rps * (nshard - 1) >= rows || rps * nshard < rows)
-        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: total_rows %.0f, num_shards %.0f, rows_per_shard %.0f "
-                           "and global_scales (%lld positive values) do not agree; rebuild it with `strata pack-ple`",
-                           side, rows, nshard, rps, (long long)ngs);
+    if (rc) return rc;
+    e->gscale = sc.gscale;                             /* freed with the engine (mdl_ple_close), as before */
+    char gsrc[256] = "";
     uint64_t grows;
-    if (gguf_u64(m->gguf, "strata.ple_external.rows", &grows) && grows != (uint64_t)rows)
-        return strata_fail(STRATA_ERR_FORMAT, "PLE table %s has %.0f rows but the model was converted with %llu "
-                           "(strata.ple_external.rows): the table belongs to another checkpoint", path, rows,
+    if (gguf_u64(m->gguf, "strata.ple_external.rows", &grows) && grows != (uint64_t)sc.rows)
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table %s has %lld rows but the model was converted with %llu "
+                           "(strata.ple_external.rows): the table belongs to another checkpoint", path, (long long)sc.rows,
                            (unsigned long long)grows);
-    if (gguf_str(m->gguf, "strata.ple_external.source", gsrc, sizeof gsrc) && strcmp(gsrc, src))
+    if (gguf_str(m->gguf, "strata.ple_external.source", gsrc, sizeof gsrc) && strcmp(gsrc, sc.source))
         return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: source \"%s\" is not the checkpoint the model was "
-                           "converted from (\"%s\")", side, src, gsrc);
+                           "converted from (\"%s\")", side, sc.source, gsrc);
     const ple_params pp = ple_params_of(&m->params);
-    rc = ple_table_open_file(&e->table, path, (size_t)width, (int64_t)rows, m->params.ple_mode, &pp);
+    rc = ple_table_open_file(&e->table, path, (size_t)sc.width, sc.rows, m->params.ple_mode, &pp);
     if (rc) return rc;
     e->external = 1;
-    e->n_shard = (int64_t)nshard;
-    e->shard_rows = (int64_t)rps;
+    e->n_shard = sc.n_shard;
+    e->shard_rows = sc.shard_rows;
     m->ple_table = (const char *)e->table.rows;
     m->ple_table_t = NULL;
-    m->ple_table_row = (size_t)width;
-    m->ple_table_rows = (int64_t)rows;
+    m->ple_table_row = (size_t)sc.width;
+    m->ple_table_rows = sc.rows;
     return STRATA_OK;
 }
 

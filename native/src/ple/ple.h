@@ -289,6 +289,17 @@ int ple_json_string(const char *json, const char *key, char *out, size_t n);
 /* A flat array of numbers: up to max values into out; returns the count, -1 if absent/mistyped. */
 int64_t ple_json_numbers(const char *json, const char *key, double *out, int64_t max);
 
+/* A packed table's sidecar (pack-ple's <table>.json), read and checked against rows of D values: its
+ * format, row layout (D/2 code + D/16 scale bytes), row and shard counts (whole numbers that agree) and
+ * one positive finite global scale per shard. No files: `side` only names the sidecar in the messages.
+ * On success *out holds the fields and gscale (n_shard floats, malloc'd: the caller frees it). */
+typedef struct {
+    char source[256];            /* "" if absent */
+    int64_t rows, width, n_shard, shard_rows;
+    float *gscale;
+} ple_sidecar;
+strata_status ple_sidecar_parse(const char *json, const char *side, int64_t D, ple_sidecar *out);
+
 double ple_now(void);
 
 #endif

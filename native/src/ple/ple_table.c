@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <linux/aio_abi.h>
 #include <fcntl.h>
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -627,6 +628,64 @@ int64_t ple_json_numbers(const char *json, const char *key, double *out, int64_t
         if (*v == ',') v++;
         else if (*v != ']') return -1;
     }
+}
+
+/* A whole number in [lo, hi] (JSON gives doubles; a count of 2.5 or 1e300 is refused, not truncated). */
+static int whole(double x, double lo, double hi) { return x >= lo && x <= hi && x == floor(x); }
+
+strata_status ple_sidecar_parse(const char *js, const char *side, int64_t D, ple_sidecar *out) {
+    memset(out, 0, sizeof *out);
+    char fmt[64] = "";
+    double rows = -1, width = -1, dim = -1, cw = -1, sw = -1, nshard = -1, rps = -1;
+    ple_json_string(js, "format", fmt, sizeof fmt);
+    ple_json_string(js, "source", out->source, sizeof out->source);
+    ple_json_number(js, "total_rows", &rows);
+    ple_json_number(js, "row_width", &width);
+    ple_json_number(js, "row_dim", &dim);
+    ple_json_number(js, "code_bytes", &cw);
+    ple_json_number(js, "scale_bytes", &sw);
+    ple_json_number(js, "num_shards", &nshard);
+    ple_json_number(js, "rows_per_shard", &rps);
+    if (strcmp(fmt, "strata-ple-nvfp4-v1"))
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: format \"%s\" is not strata-ple-nvfp4-v1; rebuild it "
+                           "with `strata pack-ple`", side, fmt);
+    if (D <= 0 || D % 16 || dim != (double)D || cw != (double)(D / 2) || sw != (double)(D / 16) || width != cw + sw)
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: rows of %.0f values (%.0f code + %.0f scale bytes = "
+                           "row width %.0f) do not fit this model's %lld-value rows (%lld + %lld = %lld bytes)",
+                           side, dim, cw, sw, width, (long long)D, (long long)(D / 2), (long long)(D / 16),
+                           (long long)(D / 2 + D / 16));
+    /* at most 2^53 rows (exact in a double; 2^53 rows of 9 bytes is far past any disk), a million shards */
+    int64_t ngs = -1;                                  /* the scales read, -1 until they are */
+    const int counts = whole(rows, 1, 9007199254740992.0) && whole(nshard, 1, 1e6) &&
+                       whole(rps, 1, 9007199254740992.0) && rps * (nshard - 1) < rows && rps * nshard >= rows;
+    if (counts) {
+        double *g = malloc((size_t)nshard * sizeof(double));
+        out->gscale = malloc((size_t)nshard * sizeof(float));
+        if (!g || !out->gscale) {
+            free(g);
+            free(out->gscale);
+            out->gscale = NULL;
+            return strata_fail(STRATA_ERR_NOMEM, "PLE table sidecar %s: no memory for %.0f shard scales", side, nshard);
+        }
+        ngs = ple_json_numbers(js, "global_scales", g, (int64_t)nshard);
+        for (int64_t i = 0; i < ngs; i++) {            /* positive and finite as the floats the gather uses */
+            out->gscale[i] = g[i] > 0 && g[i] <= FLT_MAX ? (float)g[i] : 0.0f;
+            if (!(out->gscale[i] > 0)) ngs = -1;
+        }
+        free(g);
+    }
+    if (!counts || ngs != (int64_t)nshard) {
+        free(out->gscale);
+        out->gscale = NULL;
+        return strata_fail(STRATA_ERR_FORMAT, "PLE table sidecar %s: total_rows %.0f, num_shards %.0f, rows_per_shard %.0f "
+                           "and global_scales (%lld positive values) do not agree; rebuild it with `strata pack-ple`",
+                           side, rows, nshard, rps, (long long)ngs);
+    }
+    out->rows = (int64_t)rows;
+    out->width = (int64_t)width;
+    out->n_shard = (int64_t)nshard;
+    out->shard_rows = (int64_t)rps;
+    return STRATA_OK;
 }
 
 /* ---------------------------------------------------------------- the worker */

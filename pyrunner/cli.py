@@ -237,7 +237,7 @@ def bench_kernels(as_json, types, threads, batches, isa):
     from . import quant
     from ._native import StrataError
 
-    names = types.split(",") if types else None
+    names = [n.strip().upper() for n in types.split(",")] if types else None    # q8_0 as the recipes spell it
     if names:
         known = set(quant.supported_types())
         bad = [n for n in names if n not in known]

@@ -72,6 +72,14 @@ def test_bench_kernels_measures(capsys):
         assert r["gflops"] == pytest.approx(2 * 64 * 512 * r["batch"] / r["seconds"] / 1e9)
 
 
+def test_bench_kernels_takes_type_names_as_the_recipes_spell_them(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(bench, "run", lambda **kw: seen.update(kw) or {})
+    r = CliRunner().invoke(main, ["bench", "kernels", "--types", "q8_0, iq2_xs,Q4_K", "--json"])
+    assert r.exit_code == 0, r.output
+    assert seen["types"] == ["Q8_0", "IQ2_XS", "Q4_K"]
+
+
 def test_bench_kernels_rejects_unknown_type():
     r = CliRunner().invoke(main, ["bench", "kernels", "--types", "Q9_9"])
     assert r.exit_code != 0 and "unknown or unsupported types" in r.output

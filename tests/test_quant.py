@@ -291,16 +291,18 @@ def test_bad_arguments_raise_with_message():
 def test_row_group_kernels_match_scalar(name, isa):
     """Types whose products may take a kernel working on several rows at once (quant.h rows[isa]):
     row counts that leave 1..7 rows in the last group, rows of 1..8 blocks, several column
-    counts; bit for bit against the scalar path."""
+    counts (for the IQ types' biased kernels also 12: a pass of 8 and one of 4); bit for bit against
+    the scalar path."""
     need_isa(isa)
     rng = np.random.default_rng(seed(name, "rows"))
     bs = block_info(name)[0]
+    column_counts = (1, 3, 12, 16, 19) if name in CONV_TYPES else (1, 3, 16, 19)
     for kind in ("random", "ones", "high", "zeros", "raw"):
         for rows in (1, 7, 8, 9, 37):
             for cols in [c for c in (32, 64, 96, 160, 256, 320, 480, 1024, 1088, 2304) if c % bs == 0]:
                 data = make_blocks(name, rows * cols, kind, rng)
                 for style in ("normal", "outlier", "sparse"):
-                    for n in (1, 3, 16, 19):
+                    for n in column_counts:
                         x = make_x(rng, n, cols, style)
                         a = quant.matmul(name, data, rows, cols, x, isa="scalar")
                         b = quant.matmul(name, data, rows, cols, x, isa=isa)

@@ -211,7 +211,11 @@ void strata_quant_register_iq(strata_qtraits *t) {
     t[GT_IQ2_XXS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq2_xxs;
     t[GT_IQ2_XS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq2_xs;
     t[GT_IQ3_XXS].rows[STRATA_ISA_IDX_AVX2] = strata_avx2_rows_iq3_xxs;
-    for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++) t[T].rows_when[STRATA_ISA_IDX_AVX2] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED;
+    /* From 8 columns: below, vec_dot's unbiased passes over one decoded block are faster (1 thread, Zen 3,
+     * IQ2_XS 2560 x 2560 and 640 x 2560, in-process A/B against the rows kernel: 0.65-0.79x at 2..7
+     * columns; the rows kernel wins from 8 on) */
+    for (int T = GT_IQ2_XXS; T <= GT_IQ3_XXS; T++)
+        t[T].rows_when[STRATA_ISA_IDX_AVX2] = STRATA_ROWS_MULTI | STRATA_ROWS_BIASED | STRATA_ROWS_FROM8;
 #endif
 #if STRATA_HAVE_AVX512
     /* Dequantization keeps the AVX2 kernels (the registry's fallback); the AMX path inherits these. */

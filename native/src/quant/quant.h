@@ -107,7 +107,8 @@ typedef void (*strata_rows_fn)(int64_t n, const void *w, size_t w_row, int64_t n
 enum {
     STRATA_ROWS_MULTI = 1,  /* products of several columns */
     STRATA_ROWS_SHORT1 = 2, /* one column, rows of at most 16 blocks */
-    STRATA_ROWS_BIASED = 4  /* it reads activations stored biased (codes q ^ 0x80; strata_act_bias_q8_256) */
+    STRATA_ROWS_BIASED = 4, /* it reads activations stored biased (codes q ^ 0x80; strata_act_bias_q8_256) */
+    STRATA_ROWS_FROM8 = 8   /* with MULTI: from 8 columns on; fewer take vec_dot */
 };
 /* Converted rows ("repack" for prefill, matmul.c): up to STRATA_CONV_ROWS weight rows (w_row bytes
  * apart, n values each) decoded once into dst, a layout of the path's own whose product with many

@@ -93,10 +93,19 @@ static int64_t rows_per_task(size_t w_row, int64_t rows, int64_t n, int n_thread
     return (rpt + 7) & ~(int64_t)7;
 }
 
+/* Whether the type's rows kernel for this path takes a product of n columns of cols values (its
+ * rows_when bits), else vec_dot does. */
+static int rows_admit(const strata_qtraits *t, int isa, int64_t n, int64_t cols) {
+    const unsigned when = t->rows_when[isa];
+    if (!t->rows[isa]) return 0;
+    if (n == 1) return (when & STRATA_ROWS_SHORT1) && cols / t->block_size <= 16;
+    return (when & STRATA_ROWS_MULTI) && (n >= 8 || !(when & STRATA_ROWS_FROM8));
+}
+
 /* Whether the activations of this product are stored biased (codes q ^ 0x80) for a rows kernel
  * that wants them so (STRATA_ROWS_BIASED: avx2_iq.c's IQ2_XXS, IQ2_XS, IQ3_XXS). */
-static int act_biased(const strata_qtraits *t, int isa, int64_t n, int conv) {
-    return n > 1 && !conv && t->rows[isa] && (t->rows_when[isa] & STRATA_ROWS_BIASED);
+static int act_biased(const strata_qtraits *t, int isa, int64_t n, int64_t cols, int conv) {
+    return !conv && rows_admit(t, isa, n, cols) && (t->rows_when[isa] & STRATA_ROWS_BIASED);
 }
 
 static void act_quantize(const strata_qtraits *t, int isa, int biased, const float *src, void *dst, int64_t cols) {
@@ -121,9 +130,7 @@ static void act_quantize(const strata_qtraits *t, int isa, int biased, const flo
 static int rows_kernel(const strata_qtraits *t, int isa, const char *w, size_t w_row, int64_t rows, int64_t cols,
                        const void *xa, size_t xa_row, int64_t n, float *y, int64_t r0, int64_t r1) {
     const strata_rows_fn fn = t->rows[isa];
-    const unsigned when = t->rows_when[isa];
-    if (!fn || !(n > 1 ? when & STRATA_ROWS_MULTI : (when & STRATA_ROWS_SHORT1) && cols / t->block_size <= 16))
-        return 0;
+    if (!rows_admit(t, isa, n, cols)) return 0;
     for (int64_t j0 = 0; j0 < n; j0 += COL_TILE) {
         const int nc = (int)(n - j0 < COL_TILE ? n - j0 : COL_TILE);
         fn(cols, w + (size_t)r0 * w_row, w_row, r1 - r0, (const char *)xa + (size_t)j0 * xa_row, xa_row, nc,
@@ -136,7 +143,7 @@ static void act_task(void *arg, int64_t j, int thread) {
     (void)thread;
     mm_job *m = arg;
     void *dst = (char *)m->xa + (size_t)j * m->xa_row;
-    act_quantize(m->t, m->isa, act_biased(m->t, m->isa, m->n, m->conv), m->x + j * m->cols, dst, m->cols);
+    act_quantize(m->t, m->isa, act_biased(m->t, m->isa, m->n, m->cols, m->conv), m->x + j * m->cols, dst, m->cols);
     if (m->conv) strata_act_widen_q8_256(dst, m->cols, m->x16 + j * m->cols);
 }
 
@@ -368,7 +375,7 @@ strata_status strata_matmul_multi(strata_pool *pool, int isa, const strata_mm_it
             const size_t b = conv_bytes(it->t, isa, it->cols);
             if (b > scratch_bytes) scratch_bytes = b;
         }
-        const int biased = act_biased(it->t, isa, it->n, conv[i]);
+        const int biased = act_biased(it->t, isa, it->n, it->cols, conv[i]);
         int64_t n_src = 0;
         for (int64_t j = 0; j < it->n; j++) if (src_row(it, j) + 1 > n_src) n_src = src_row(it, j) + 1;
         int g = 0;

@@ -219,6 +219,28 @@ IQ_INLINE void vec_dot_many(int kind, int64_t nb, const uint8_t *b, size_t type_
     for (int c = 0; c < m1 + m2; c++) y[c] = strata_hsum8_avx2(facc[c]);
 }
 
+/* One column: each register decoded and used at once, nothing stored (vec_dot_many's decoded block for
+ * one column went through the stack, and so did its accumulator); the same integers and float
+ * expression, so the same result bit for bit. */
+IQ_INLINE void vec_dot_one(int kind, int64_t nb, const uint8_t *b, size_t type_size, const void *x, float half_f,
+                           float *y) {
+    const act_q8_256 *xa = x;
+    __m256 facc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += type_size) {
+        iq_blk P;
+        blk_prep(kind, b, &P);
+        __m256i acc = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+            __m256i g, s, sc;
+            blk_reg(kind, b, &P, k, &g, &s, &sc);
+            acc = dot32(acc, g, s, sc, xa[i].qs + 32 * k);
+        }
+        const __m256 dd = _mm256_set1_ps(block_d(b) * xa[i].d * half_f);
+        facc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(acc), facc);
+    }
+    *y = strata_hsum8_avx2(facc);
+}
+
 /* ---------------------------------------------------------------- vec_dot entry points */
 
 IQ_INLINE void vec_dot_iq(int kind, int64_t n, const void *w, const void *x, size_t x_stride, int ncols,
@@ -227,7 +249,7 @@ IQ_INLINE void vec_dot_iq(int kind, int64_t n, const void *w, const void *x, siz
     while (ncols > 0) {
 #define MANY(m1, m2) vec_dot_many(kind, nb, w, type_size, x, x_stride, m1, m2, half_f, y)
         switch (ncols) {
-        case 1: MANY(1, 0); break;
+        case 1: vec_dot_one(kind, nb, w, type_size, x, half_f, y); break;
         case 2: MANY(2, 0); break;
         case 3: MANY(3, 0); break;
         case 4: MANY(4, 0); break;

@@ -7,7 +7,9 @@
  * vectors (value 32j+k in byte k of vector j) plus int16 multiplier vectors, then each of up
  * to KQ_COLS activation rows takes, per vector, maddubs(codes, x) -> madd(., scales) -> add.
  * The eight int32 lanes of that sum are the eight lanes of the float accumulator: no
- * horizontal reduction until the end of the row.
+ * horizontal reduction until the end of the row. One column has its own loops (kq_one_*): there
+ * nothing is shared, so each vector is made when it is used instead of stored (but Q4_K, whose
+ * decoded block fits the registers).
  *
  * Why the integer sums cannot overflow or saturate, for any block bytes: _mm256_maddubs_epi16
  * multiplies unsigned codes by activations in [-127, 127] and adds pairs, so it saturates
@@ -261,7 +263,7 @@ static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
 
 /* One tile of nc <= KQ_COLS activation rows. Per block and column, lane l of the integer
  * sums S (M) goes into lane l of acc (accm) as kq_lane_step does it: fma(xd*d, S, acc). */
-#define KQ_VEC_DOT(NAME, BLOCK, DECODE, SVEC, HAS_MIN)                                             \
+#define KQ_VEC_DOT(NAME, BLOCK, DECODE, SVEC, HAS_MIN, ONE)                                        \
     static inline __attribute__((always_inline)) void kq_tile_##NAME(                             \
         const BLOCK *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) {           \
         __m256 acc[KQ_COLS], accm[KQ_COLS];                                                        \
@@ -288,18 +290,175 @@ static inline __m256i kq_s_iq4(const kq_dec *D, const act_q8_256 *x) {
         for (int c0 = 0; c0 < ncols; c0 += KQ_COLS) {                                              \
             const int nc = ncols - c0 < KQ_COLS ? ncols - c0 : KQ_COLS;                            \
             const char *xc = (const char *)vx + (size_t)c0 * x_stride;                             \
-            /* one column (decode): a constant nc lets everything stay in registers */            \
-            if (nc == 1) kq_tile_##NAME(vw, nb, xc, x_stride, 1, y + c0);                          \
+            /* one column (decode): its own loop, or the tile's with a constant nc */               \
+            if (nc == 1) ONE(vw, nb, xc, x_stride, 1, y + c0);                                     \
             else kq_tile_##NAME(vw, nb, xc, x_stride, nc, y + c0);                                 \
         }                                                                                          \
     }
 
-KQ_VEC_DOT(q2_k, kq_block_q2_k, kq_dec_q2_k, kq_s_plain, 1)
-KQ_VEC_DOT(q3_k, kq_block_q3_k, kq_dec_q3_k, kq_s_q3, 0)
-KQ_VEC_DOT(q4_k, kq_block_q4_k, kq_dec_q4_k, kq_s_plain, 1)
-KQ_VEC_DOT(q5_k, kq_block_q5_k, kq_dec_q5_k, kq_s_plain, 1)
-KQ_VEC_DOT(q6_k, kq_block_q6_k, kq_dec_q6_k, kq_s_q6, 0)
-KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, kq_dec_iq4_xs, kq_s_iq4, 0)
+/* IQ4_XS, one column: each pair of registers decoded and used at once. The tile kept the decoded block's
+ * 24 registers (codes, signed values, scales) on the stack. Same integer sums (exact, any order) and
+ * float expression as kq_tile_iq4_xs: the same result bit for bit. */
+static void kq_one_iq4_xs(const kq_block_iq4_xs *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) {
+    (void)x_stride;
+    (void)nc;
+    const act_q8_256 *xa = (const act_q8_256 *)xc;
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_kvalues_iq4nl));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const kq_block_iq4_xs *blk = &w[b];
+        const act_q8_256 *x = &xa[b];
+        const __m256i v8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(kq_iq4xs_scales(blk)));
+        __m256i sum = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
+            const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
+            const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * c + h;
+                const __m256i sgn = h ? _mm256_permute2x128_si256(lo, hi, 0x31) : _mm256_permute2x128_si256(lo, hi, 0x20);
+                const __m256i sc = _mm256_shuffle_epi8(v8, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+                const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * j)), sgn);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(sgn), xs), sc));
+            }
+        }
+        const __m256 xd = _mm256_broadcast_ss(&x->d), d8 = _mm256_set1_ps(kq_f16(blk->d));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(xd, d8), _mm256_cvtepi32_ps(sum), acc);
+    }
+    *y = strata_hsum8_avx2(acc);
+}
+
+/* The other formats, one column, as kq_one_iq4_xs: a super-block's bytes loaded once (kq_raw), register j
+ * made when it is used (its codes from those bytes, its int16 scales from one shuffle), so the decoded
+ * block is never stored. The integer sums S and bsum terms are kq_tile's exact ones, the float steps its. */
+typedef struct {
+    __m256i v[2];      /* Q2_K / Q3_K: the 2-bit fields; Q5_K: unused */
+    __m256i h;         /* Q3_K hmask, Q5_K qh */
+    __m256i slo, shi;  /* Q3_K / Q6_K: the 16 int16 scales' low and high halves in both lanes (kq_bcast16) */
+    __m256i t;         /* Q5_K: kq_k4_scales in both lanes; Q2_K: the 16 scales (bytes) in both lanes */
+    __m256i aux;       /* the bsum multipliers, as kq_dec's aux */
+} kq_raw;
+
+static inline __attribute__((always_inline)) __m256i kq_sc16(const kq_raw *R, int j) {
+    const int k = j & 3;
+    const __m256i pat = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))),
+                                         _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
+    return _mm256_shuffle_epi8(j < 4 ? R->slo : R->shi, pat);
+}
+
+/* bit j of each byte of h moved to bit `to` (16-bit shifts, as kq_dec_q3_k and kq_dec_q5_k do them) */
+static inline __attribute__((always_inline)) __m256i kq_hbit(__m256i h, int j, int to) {
+    const int sh = to - j;
+    return sh > 0 ? _mm256_slli_epi16(h, sh) : sh < 0 ? _mm256_srli_epi16(h, -sh) : h;
+}
+
+static inline __attribute__((always_inline)) void kq_halves(__m256i s16, kq_raw *R) {
+    R->aux = s16;
+    R->slo = _mm256_permute2x128_si256(s16, s16, 0x00);
+    R->shi = _mm256_permute2x128_si256(s16, s16, 0x11);
+}
+
+static inline __attribute__((always_inline)) void kq_raw_q3_k(const kq_block_q3_k *b, kq_raw *R) {
+    kq_halves(_mm256_cvtepi8_epi16(kq_q3_scales(b->scales)), R);
+    R->v[0] = _mm256_loadu_si256((const __m256i *)b->qs);
+    R->v[1] = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
+    R->h = _mm256_loadu_si256((const __m256i *)b->hmask);
+}
+static inline __attribute__((always_inline)) __m256i kq_reg_q3_k(const kq_block_q3_k *b, const kq_raw *R, int j,
+                                                                 __m256i *sc) {
+    (void)b;
+    *sc = kq_sc16(R, j);
+    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(R->v[j >> 2], 2 * (j & 3)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_and_si256(kq_hbit(R->h, j, 2), _mm256_set1_epi8(4)));
+}
+
+static inline __attribute__((always_inline)) void kq_raw_q6_k(const kq_block_q6_k *b, kq_raw *R) {
+    kq_halves(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)), R);
+}
+static inline __attribute__((always_inline)) __m256i kq_reg_q6_k(const kq_block_q6_k *b, const kq_raw *R, int j,
+                                                                 __m256i *sc) {
+    *sc = kq_sc16(R, j);
+    const int c = j >> 2, r = j & 3;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * c + 32 * (r & 1)));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * c));
+    const __m256i lq = r < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+    const __m256i hq = r == 0 ? _mm256_slli_epi16(h, 4) : r == 1 ? _mm256_slli_epi16(h, 2) : r == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_or_si256(lq, _mm256_and_si256(hq, _mm256_set1_epi8(0x30)));
+}
+
+static inline __attribute__((always_inline)) void kq_raw_q5_k(const kq_block_q5_k *b, kq_raw *R) {
+    R->t = _mm256_broadcastsi128_si256(kq_k4_scales(b->scales));
+    R->aux = _mm256_shuffle_epi8(R->t, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12,
+                                                        -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+    R->h = _mm256_loadu_si256((const __m256i *)b->qh);
+}
+static inline __attribute__((always_inline)) __m256i kq_reg_q5_k(const kq_block_q5_k *b, const kq_raw *R, int j,
+                                                                 __m256i *sc) {
+    *sc = _mm256_shuffle_epi8(R->t, _mm256_set1_epi16((short)(0x8000 | j)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j >> 1)));
+    const __m256i nib = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+    return _mm256_or_si256(nib, _mm256_and_si256(kq_hbit(R->h, j, 4), _mm256_set1_epi8(0x10)));
+}
+
+static inline __attribute__((always_inline)) void kq_raw_q2_k(const kq_block_q2_k *b, kq_raw *R) {
+    const __m128i s = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0x0F);
+    R->t = _mm256_broadcastsi128_si256(_mm_and_si128(s, m4));
+    R->aux = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m4));
+    R->v[0] = _mm256_loadu_si256((const __m256i *)b->qs);
+    R->v[1] = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
+}
+static inline __attribute__((always_inline)) __m256i kq_reg_q2_k(const kq_block_q2_k *b, const kq_raw *R, int j,
+                                                                 __m256i *sc) {
+    (void)b;
+    *sc = _mm256_shuffle_epi8(R->t, _mm256_set_m128i(_mm_set1_epi16((short)(0x8000 | (2 * j + 1))),
+                                                     _mm_set1_epi16((short)(0x8000 | (2 * j)))));
+    return _mm256_and_si256(_mm256_srli_epi16(R->v[j >> 2], 2 * (j & 3)), _mm256_set1_epi8(3));
+}
+
+/* SHIFT: Q3_K / Q6_K codes carry +4 / +32, taken off through the bsums (S = dot - (bsums . aux) << SHIFT);
+ * HAS_MIN: the mins' term, (xd DMIN) (bsums . aux), into accm (kq_tile's order). */
+#define KQ_ONE(NAME, BLOCK, HAS_MIN, DMIN, SHIFT)                                                             \
+    static void kq_one_##NAME(const BLOCK *w, int64_t nb, const char *xc, size_t x_stride, int nc, float *y) { \
+        (void)x_stride;                                                                                       \
+        (void)nc;                                                                                             \
+        const act_q8_256 *xa = (const act_q8_256 *)xc;                                                        \
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                                    \
+            const BLOCK *blk = &w[b];                                                                         \
+            const act_q8_256 *x = &xa[b];                                                                     \
+            kq_raw R;                                                                                         \
+            kq_raw_##NAME(blk, &R);                                                                           \
+            __m256i sum = _mm256_setzero_si256();                                                             \
+            for (int j = 0; j < 8; j++) {                                                                     \
+                __m256i sc;                                                                                   \
+                const __m256i q = kq_reg_##NAME(blk, &R, j, &sc);                                             \
+                const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j))); \
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));                                        \
+            }                                                                                                 \
+            const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), R.aux);       \
+            if (SHIFT) sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(bs, SHIFT));                             \
+            const __m256 xd = _mm256_broadcast_ss(&x->d);                                                     \
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(xd, _mm256_set1_ps(kq_f16(blk->d))), _mm256_cvtepi32_ps(sum), acc); \
+            if (HAS_MIN)                                                                                      \
+                accm = _mm256_fmadd_ps(_mm256_mul_ps(xd, _mm256_set1_ps(DMIN)), _mm256_cvtepi32_ps(bs), accm); \
+        }                                                                                                     \
+        *y = strata_hsum8_avx2(HAS_MIN ? _mm256_sub_ps(acc, accm) : acc);                                     \
+    }
+
+KQ_ONE(q2_k, kq_block_q2_k, 1, kq_f16(blk->dmin), 0)
+KQ_ONE(q3_k, kq_block_q3_k, 0, 0.0f, 2)
+KQ_ONE(q5_k, kq_block_q5_k, 1, kq_f16(blk->dmin), 0)
+KQ_ONE(q6_k, kq_block_q6_k, 0, 0.0f, 5)
+
+KQ_VEC_DOT(q2_k, kq_block_q2_k, kq_dec_q2_k, kq_s_plain, 1, kq_one_q2_k)
+KQ_VEC_DOT(q3_k, kq_block_q3_k, kq_dec_q3_k, kq_s_q3, 0, kq_one_q3_k)
+KQ_VEC_DOT(q4_k, kq_block_q4_k, kq_dec_q4_k, kq_s_plain, 1, kq_tile_q4_k)
+KQ_VEC_DOT(q5_k, kq_block_q5_k, kq_dec_q5_k, kq_s_plain, 1, kq_one_q5_k)
+KQ_VEC_DOT(q6_k, kq_block_q6_k, kq_dec_q6_k, kq_s_q6, 0, kq_one_q6_k)
+KQ_VEC_DOT(iq4_xs, kq_block_iq4_xs, kq_dec_iq4_xs, kq_s_iq4, 0, kq_one_iq4_xs)
 
 /* ---------------------------------------------------------------- dequantization */
 

@@ -44,16 +44,22 @@ static inline void kq_bcast8(__m128i v8, __m256i out[8]) {
         out[j] = _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
 }
 
+/* The shuffle that puts int16 scale 2k in every int16 of the low 128-bit lane and 2k + 1 in the high one
+ * (k = j % 4). */
+static inline __attribute__((always_inline)) __m256i kq_pat16(int j) {
+    const int k = j & 3;
+    return _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))),
+                            _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
+}
+
 /* v16: sixteen int16 scales, one per 16 values -> out[j] = scale 2j in the low 128-bit lane
  * (bytes 0-15 of q[j]) and scale 2j+1 in the high lane. */
 static inline void kq_bcast16(__m256i v16, __m256i out[8]) {
     const __m256i lo = _mm256_permute2x128_si256(v16, v16, 0x00);
     const __m256i hi = _mm256_permute2x128_si256(v16, v16, 0x11);
     for (int j = 0; j < 4; j++) {
-        const __m256i pat = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))),
-                                             _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
-        out[j] = _mm256_shuffle_epi8(lo, pat);
-        out[j + 4] = _mm256_shuffle_epi8(hi, pat);
+        out[j] = _mm256_shuffle_epi8(lo, kq_pat16(j));
+        out[j + 4] = _mm256_shuffle_epi8(hi, kq_pat16(j));
     }
 }
 
@@ -79,13 +85,17 @@ static inline __m128i kq_k4_scales(const uint8_t s[12]) {
     return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
 }
 
+/* m0 m0 m1 m1 ... m7 m7 as int16 from kq_k4_scales in both lanes (bsums come per 16 values, mins per 32) */
+static inline __m256i kq_k4_mins(__m256i t) {
+    return _mm256_shuffle_epi8(t, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12, -1,
+                                                   12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+}
+
 /* Scales and mins of Q4_K/Q5_K into D (sc per 32 values, mins as per-16 bsum multipliers). */
 static inline void kq_dec_k4_scales(const uint8_t s[12], kq_dec *D) {
     const __m256i t = _mm256_broadcastsi128_si256(kq_k4_scales(s));
     for (int j = 0; j < 8; j++) D->sc[j] = _mm256_shuffle_epi8(t, _mm256_set1_epi16((short)(0x8000 | j)));
-    /* m0 m0 m1 m1 ... m7 m7 as int16 (bsums come per 16 values, mins per 32) */
-    D->aux = _mm256_shuffle_epi8(t, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
-                                                     12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+    D->aux = kq_k4_mins(t);
 }
 
 static inline void kq_dec_q4_nibbles(const uint8_t qs[128], kq_dec *D) {
@@ -340,11 +350,9 @@ typedef struct {
     __m256i aux;       /* the bsum multipliers, as kq_dec's aux */
 } kq_raw;
 
+/* kq_bcast16's out[j] */
 static inline __attribute__((always_inline)) __m256i kq_sc16(const kq_raw *R, int j) {
-    const int k = j & 3;
-    const __m256i pat = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))),
-                                         _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k))));
-    return _mm256_shuffle_epi8(j < 4 ? R->slo : R->shi, pat);
+    return _mm256_shuffle_epi8(j < 4 ? R->slo : R->shi, kq_pat16(j));
 }
 
 /* bit j of each byte of h moved to bit `to` (16-bit shifts, as kq_dec_q3_k and kq_dec_q5_k do them) */
@@ -390,8 +398,7 @@ static inline __attribute__((always_inline)) __m256i kq_reg_q6_k(const kq_block_
 
 static inline __attribute__((always_inline)) void kq_raw_q5_k(const kq_block_q5_k *b, kq_raw *R) {
     R->t = _mm256_broadcastsi128_si256(kq_k4_scales(b->scales));
-    R->aux = _mm256_shuffle_epi8(R->t, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1, 12,
-                                                        -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+    R->aux = kq_k4_mins(R->t);
     R->h = _mm256_loadu_si256((const __m256i *)b->qh);
 }
 static inline __attribute__((always_inline)) __m256i kq_reg_q5_k(const kq_block_q5_k *b, const kq_raw *R, int j,

@@ -98,6 +98,13 @@ static inline void kq_dec_k4_scales(const uint8_t s[12], kq_dec *D) {
     D->aux = kq_k4_mins(t);
 }
 
+/* Bit j of each byte of h moved to bit `to` (Q3_K's hmask, Q5_K's qh: bit j of byte k belongs to register
+ * j). 16-bit shifts of at most 7 never move a neighbouring byte's bit there. */
+static inline __attribute__((always_inline)) __m256i kq_hbit(__m256i h, int j, int to) {
+    const int sh = to - j;
+    return sh > 0 ? _mm256_slli_epi16(h, sh) : sh < 0 ? _mm256_srli_epi16(h, -sh) : h;
+}
+
 static inline void kq_dec_q4_nibbles(const uint8_t qs[128], kq_dec *D) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
@@ -117,17 +124,9 @@ static inline void kq_dec_q4_k(const kq_block_q4_k *b, kq_dec *D) {
 static inline void kq_dec_q5_k(const kq_block_q5_k *b, kq_dec *D) {
     kq_dec_k4_scales(b->scales, D);
     kq_dec_q4_nibbles(b->qs, D);
-    /* bit j of qh[k] -> bit 4 of byte k of q[j]; 16-bit shifts of at most 4 never move a
-     * neighbouring byte's bit into bit 4 */
+    /* bit j of qh[k] -> bit 4 of byte k of q[j] */
     const __m256i h = _mm256_loadu_si256((const __m256i *)b->qh), b4 = _mm256_set1_epi8(0x10);
-    D->q[0] = _mm256_or_si256(D->q[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
-    D->q[1] = _mm256_or_si256(D->q[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
-    D->q[2] = _mm256_or_si256(D->q[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
-    D->q[3] = _mm256_or_si256(D->q[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
-    D->q[4] = _mm256_or_si256(D->q[4], _mm256_and_si256(h, b4));
-    D->q[5] = _mm256_or_si256(D->q[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
-    D->q[6] = _mm256_or_si256(D->q[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
-    D->q[7] = _mm256_or_si256(D->q[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
+    for (int j = 0; j < 8; j++) D->q[j] = _mm256_or_si256(D->q[j], _mm256_and_si256(kq_hbit(h, j, 4), b4));
     D->d = kq_f16(b->d);
     D->dmin = kq_f16(b->dmin);
 }
@@ -169,17 +168,9 @@ static inline void kq_dec_q3_k(const kq_block_q3_k *b, kq_dec *D) {
     kq_bcast16(s16, D->sc);
     D->aux = s16;
     kq_dec_2bit(b->qs, D);
-    /* code = low 2 bits + 4 * (bit j of hmask[k]) in 0..7; the -4 goes through the bsums.
-     * 16-bit shifts move bit j to bit 2 without pulling a neighbouring byte's bit there. */
+    /* code = low 2 bits + 4 * (bit j of hmask[k]) in 0..7; the -4 goes through the bsums */
     const __m256i h = _mm256_loadu_si256((const __m256i *)b->hmask), b2 = _mm256_set1_epi8(4);
-    D->q[0] = _mm256_or_si256(D->q[0], _mm256_and_si256(_mm256_slli_epi16(h, 2), b2));
-    D->q[1] = _mm256_or_si256(D->q[1], _mm256_and_si256(_mm256_slli_epi16(h, 1), b2));
-    D->q[2] = _mm256_or_si256(D->q[2], _mm256_and_si256(h, b2));
-    D->q[3] = _mm256_or_si256(D->q[3], _mm256_and_si256(_mm256_srli_epi16(h, 1), b2));
-    D->q[4] = _mm256_or_si256(D->q[4], _mm256_and_si256(_mm256_srli_epi16(h, 2), b2));
-    D->q[5] = _mm256_or_si256(D->q[5], _mm256_and_si256(_mm256_srli_epi16(h, 3), b2));
-    D->q[6] = _mm256_or_si256(D->q[6], _mm256_and_si256(_mm256_srli_epi16(h, 4), b2));
-    D->q[7] = _mm256_or_si256(D->q[7], _mm256_and_si256(_mm256_srli_epi16(h, 5), b2));
+    for (int j = 0; j < 8; j++) D->q[j] = _mm256_or_si256(D->q[j], _mm256_and_si256(kq_hbit(h, j, 2), b2));
     D->d = kq_f16(b->d);
 }
 
@@ -217,17 +208,23 @@ static inline __m128i kq_iq4xs_scales(const kq_block_iq4_xs *b) {
     return _mm_sub_epi8(_mm_cvtsi64_si128((long long)(l | (h << 4))), _mm_set1_epi8(32));
 }
 
+/* IQ4_XS's signed values of registers 2c and 2c + 1 from qs bytes 32c.. (bytes 0-15: sub-block 2c, 16-31:
+ * 2c + 1; low nibbles are values 0-15, high 16-31); kv: the kvalues in both lanes. */
+static inline __attribute__((always_inline)) void kq_iq4_pair(const kq_block_iq4_xs *b, int c, __m256i kv, __m256i m4,
+                                                              __m256i *s0, __m256i *s1) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+    const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
+    const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    *s0 = _mm256_permute2x128_si256(lo, hi, 0x20);
+    *s1 = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
 static inline void kq_dec_iq4_xs(const kq_block_iq4_xs *b, kq_dec *D) {
     kq_bcast8(_mm_cvtepi8_epi16(kq_iq4xs_scales(b)), D->sc);
     const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)strata_kvalues_iq4nl));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
-        /* bytes 0-15: sub-block 2c, 16-31: 2c+1; low nibbles are values 0-15, high 16-31 */
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
-        const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
-        const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-        D->sgn[2 * c] = _mm256_permute2x128_si256(lo, hi, 0x20);
-        D->sgn[2 * c + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+        kq_iq4_pair(b, c, kv, m4, &D->sgn[2 * c], &D->sgn[2 * c + 1]);
         D->q[2 * c] = _mm256_abs_epi8(D->sgn[2 * c]);
         D->q[2 * c + 1] = _mm256_abs_epi8(D->sgn[2 * c + 1]);
     }
@@ -322,12 +319,11 @@ static void kq_one_iq4_xs(const kq_block_iq4_xs *w, int64_t nb, const char *xc, 
         const __m256i v8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(kq_iq4xs_scales(blk)));
         __m256i sum = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
-            const __m256i lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
-            const __m256i hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            __m256i pair[2];
+            kq_iq4_pair(blk, c, kv, m4, &pair[0], &pair[1]);
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * c + h;
-                const __m256i sgn = h ? _mm256_permute2x128_si256(lo, hi, 0x31) : _mm256_permute2x128_si256(lo, hi, 0x20);
+                const __m256i sgn = pair[h];
                 const __m256i sc = _mm256_shuffle_epi8(v8, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
                 const __m256i xs = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * j)), sgn);
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(sgn), xs), sc));
@@ -353,12 +349,6 @@ typedef struct {
 /* kq_bcast16's out[j] */
 static inline __attribute__((always_inline)) __m256i kq_sc16(const kq_raw *R, int j) {
     return _mm256_shuffle_epi8(j < 4 ? R->slo : R->shi, kq_pat16(j));
-}
-
-/* bit j of each byte of h moved to bit `to` (16-bit shifts, as kq_dec_q3_k and kq_dec_q5_k do them) */
-static inline __attribute__((always_inline)) __m256i kq_hbit(__m256i h, int j, int to) {
-    const int sh = to - j;
-    return sh > 0 ? _mm256_slli_epi16(h, sh) : sh < 0 ? _mm256_srli_epi16(h, -sh) : h;
 }
 
 static inline __attribute__((always_inline)) void kq_halves(__m256i s16, kq_raw *R) {

@@ -109,16 +109,26 @@ def apply_penalties(logits: np.ndarray, ids: np.ndarray, counts: np.ndarray,
     return out
 
 
+def _top_set(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest entries (0 < k < n), ties at the k-th value resolved to the lowest ids,
+    ascending. O(n): one selection and one pass over the vector."""
+    n = logits.shape[0]
+    kth = np.partition(logits, n - k)[n - k]           # the k-th largest value
+    idx = np.flatnonzero(logits >= kth)                 # k of them, or more when the k-th value is tied
+    if len(idx) > k:
+        v = logits[idx]
+        tied = np.flatnonzero(v == kth)
+        idx = np.delete(idx, tied[k - (len(idx) - len(tied)):])   # the ties beyond k, the highest ids
+    return idx
+
+
 def _top_indices(logits: np.ndarray, k: int) -> np.ndarray:
     """The k largest entries' indices, ties at the k-th value resolved to the lowest ids,
     returned sorted by (logit descending, id ascending). O(n) selection, then a sort of k."""
     n = logits.shape[0]
     if k >= n:
         return np.argsort(-logits, kind="stable")
-    kth = np.partition(logits, n - k)[n - k]           # the k-th largest value
-    above = np.flatnonzero(logits > kth)
-    tied = np.flatnonzero(logits == kth)[: k - len(above)]
-    idx = np.sort(np.concatenate([above, tied]))
+    idx = _top_set(logits, k)
     return idx[np.argsort(-logits[idx], kind="stable")]
 
 
@@ -127,7 +137,7 @@ def apply_top_k(logits: np.ndarray, k: int) -> np.ndarray:
     n = logits.shape[0]
     if k <= 0 or k >= n:
         return logits
-    keep = _top_indices(logits, k)
+    keep = _top_set(logits, k)
     out = np.full_like(logits, _NEG_INF)
     out[keep] = logits[keep]
     return out
@@ -143,17 +153,15 @@ def _log_softmax64(logits: np.ndarray) -> np.ndarray:
     return z - math.log(np.exp(z).sum())
 
 
-def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
-    """Nucleus: keep the shortest prefix of tokens, by probability descending (ties: lower id
-    first), whose total probability is >= p; at least one token. p >= 1: no-op."""
-    if p >= 1.0:
-        return logits
-    finite = np.flatnonzero(np.isfinite(logits))
-    lp = _log_softmax64(logits[finite])
+def _nucleus(v: np.ndarray, p: float) -> np.ndarray:
+    """Top-p over v, the finite logits of the candidates in id order: the positions in v of the shortest
+    prefix, by probability descending (ties: lower position first), whose total probability is >= p; at
+    least one."""
+    lp = _log_softmax64(v)
     probs = np.exp(lp)
     # Usually a few hundred tokens hold the mass: select and sort only the best 1024 (O(n), then
     # a small sort), and widen (16x, then all) while they do not reach p.
-    m, k = len(finite), 1024
+    m, k = len(v), 1024
     while True:
         cand = _top_indices(lp, min(m, k))
         cum = np.cumsum(probs[cand])
@@ -161,22 +169,56 @@ def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
             break
         k *= 16
     n_keep = int(np.searchsorted(cum, p, side="left")) + 1   # first i with cum[i] >= p
-    n_keep = min(max(n_keep, 1), len(cand))
-    keep = finite[cand[:n_keep]]
+    return cand[:min(max(n_keep, 1), len(cand))]
+
+
+def apply_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """Nucleus: keep the shortest prefix of tokens, by probability descending (ties: lower id
+    first), whose total probability is >= p; at least one token. p >= 1: no-op."""
+    if p >= 1.0:
+        return logits
+    finite = np.flatnonzero(np.isfinite(logits))
+    keep = finite[_nucleus(logits[finite], p)]
     out = np.full_like(logits, _NEG_INF)
     out[keep] = logits[keep]
     return out
+
+
+def _min_p_cut(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Where min-p removes a token: logit < max logit + log(min_p), compared in float64."""
+    x = logits.astype(np.float64)
+    return x < x.max() + math.log(min_p)
 
 
 def apply_min_p(logits: np.ndarray, min_p: float) -> np.ndarray:
     """Keep tokens whose probability is >= min_p times the largest one; min_p <= 0: no-op."""
     if min_p <= 0.0:
         return logits
-    x = logits.astype(np.float64)
-    cut = x.max() + math.log(min_p)
     out = logits.copy()
-    out[x < cut] = _NEG_INF
+    out[_min_p_cut(logits, min_p)] = _NEG_INF
     return out
+
+
+def _candidates(logits: np.ndarray, top_k: int, top_p: float, min_p: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """top-k, top-p and min-p as apply_top_k, apply_top_p and apply_min_p in turn, on the survivors only:
+    (their ids ascending, their logits), ids None for every token. Each filter reads its input's finite
+    entries in id order, so it sees here the very array it sees in the whole vector (which holds -inf
+    elsewhere), and the survivors and their logits are the same bits; past top-k the work is on k
+    tokens, not the vocabulary (the default chain, new / whole vectors, same process, 2-core Zen 3:
+    flash-small's logits, 8192 tokens, 0.69-0.93x; 151,936 tokens 0.43-0.53x)."""
+    ids, v = None, logits
+    n = logits.shape[0]
+    if 0 < top_k < n:
+        ids = _top_set(logits, top_k)
+        v = logits[ids]
+    if top_p < 1.0:
+        fin = np.flatnonzero(np.isfinite(v))
+        sel = np.sort(fin[_nucleus(v[fin], top_p)])
+        ids, v = (sel if ids is None else ids[sel]), v[sel]
+    if min_p > 0.0:
+        sel = np.flatnonzero(~_min_p_cut(v, min_p))
+        ids, v = (sel if ids is None else ids[sel]), v[sel]
+    return ids, v
 
 
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -390,8 +432,8 @@ class Sampler:
             raise ValueError("logits contain NaN or +inf: the model produced invalid numbers")
         return x, top
 
-    def filtered_logits(self, logits, history: Sequence[int] = ()) -> np.ndarray:
-        """Logits after bias, penalties, top-k, top-p and min-p (before temperature)."""
+    def _biased(self, logits, history: Sequence[int]) -> np.ndarray:
+        """The logits after bias and penalties (checked: NaN, +inf, every token banned)."""
         p = self.params
         x0, top = self._check(logits)
         x = apply_logit_bias(x0, p.logit_bias)
@@ -404,12 +446,21 @@ class Sampler:
             top = x.max()
         if not np.isfinite(top):
             raise ValueError("no token is left to sample: logit_bias bans every token")
+        return x
+
+    def filtered_logits(self, logits, history: Sequence[int] = ()) -> np.ndarray:
+        """Logits after bias, penalties, top-k, top-p and min-p (before temperature): -inf for every
+        token a filter removed."""
+        p = self.params
+        x = self._biased(logits, history)
         if self.is_greedy:
             return x
-        x = apply_top_k(x, p.top_k)
-        x = apply_top_p(x, p.top_p)
-        x = apply_min_p(x, p.min_p)
-        return x
+        ids, v = _candidates(x, p.top_k, p.top_p, p.min_p)
+        if ids is None:
+            return v
+        out = np.full_like(x, _NEG_INF)
+        out[ids] = v
+        return out
 
     def distribution(self, logits, history: Sequence[int] = ()) -> np.ndarray:
         """The exact float64 distribution `sample` draws from (one-hot when greedy); what
@@ -440,12 +491,14 @@ class Sampler:
             if not -math.inf < top < math.inf:
                 raise ValueError("no token is left to sample: logit_bias bans every token")
             return i
-        x = self.filtered_logits(logits, history)
+        x = self._biased(logits, history)
         if self.is_greedy:
             return greedy(x)
-        keep = np.flatnonzero(np.isfinite(x))     # draw over the survivors only (cheap cumsum)
-        probs = probabilities(x[keep], self.params.temperature)
-        return int(keep[draw(probs, self.uniform())])
+        # the survivors of the filters, ids ascending: the finite entries of filtered_logits() in order
+        ids, v = _candidates(x, p.top_k, p.top_p, p.min_p)
+        keep = np.flatnonzero(np.isfinite(v))
+        j = int(keep[draw(probabilities(v[keep], p.temperature), self.uniform())])
+        return j if ids is None else int(ids[j])
 
 
 def make_sampler(params: SamplingParams | None = None, **kw) -> Sampler:

@@ -332,6 +332,60 @@ def test_empirical_frequencies(i):
             assert tv(alt, want) > 0.06, w
 
 
+def _chain_cases(n_cases: int, seed: int):
+    """(logits, params, history): random vectors with ties, banned tokens and flat stretches, at random
+    settings of every filter, a few at a full vocabulary."""
+    rng = np.random.default_rng(seed)
+    for case in range(n_cases):
+        n = int(rng.choice([5, 17, 64, 1000, 8192])) if case % 25 else 151_936
+        kind = case % 5
+        if kind == 0:
+            x = rng.standard_normal(n) * rng.uniform(0.1, 8)
+        elif kind == 1:
+            x = rng.integers(-3, 3, n).astype(np.float64)               # ties everywhere
+        elif kind == 2:
+            x = np.round(rng.standard_normal(n) * 2, 1)
+        elif kind == 3:
+            x = np.zeros(n)
+        else:
+            x = rng.standard_normal(n) * 3
+            x[rng.integers(0, n, max(1, n // 3))] = -np.inf                  # banned
+        kw = dict(temperature=float(rng.choice([0.3, 0.8, 1.0, 1.7])),
+                  top_k=int(rng.choice([0, 1, 2, 3, 40, n - 1, n, n + 5])),
+                  top_p=float(rng.choice([1.0, 0.95, 0.5, 0.0, 0.999])), min_p=float(rng.choice([0.0, 0.05, 0.5, 1.0])),
+                  seed=int(rng.integers(0, 2**32)))
+        if case % 7 == 0:
+            kw.update(repeat_penalty=1.3, presence_penalty=0.5)
+        if case % 11 == 0:
+            kw.update(logit_bias={int(rng.integers(0, n)): 2.5})
+        yield x.astype(np.float32), SamplingParams(**kw), [int(t) for t in rng.integers(0, n, 20)]
+
+
+def test_sample_draws_from_the_public_filters_survivors_bit_for_bit():
+    """Sampler works on the survivors of top-k only (not the vocabulary), yet filtered_logits is the
+    composition of apply_top_k, apply_top_p and apply_min_p bit for bit, and sample() inverts the
+    cumulative distribution of its finite entries in id order with one uniform number, so a seed draws
+    the tokens it drew when every filter wrote the whole vector."""
+    checked = 0
+    for x, p, hist in _chain_cases(400, 17):
+        s, twin = make_sampler(p), make_sampler(p)
+        y = apply_logit_bias(x, p.logit_bias)
+        ids, counts = token_counts(hist, p.repeat_last_n)
+        y = apply_penalties(y, ids, counts, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+        if 0 < p.top_k < len(y):   # top-k against its definition: by logit descending, then id
+            order = np.lexsort((np.arange(len(y)), -y.astype(np.float64)))
+            assert kept(apply_top_k(y, p.top_k)) == set(order[:p.top_k].tolist()) - set(np.flatnonzero(y == NEG))
+        want = apply_min_p(apply_top_p(apply_top_k(y, p.top_k), p.top_p), p.min_p)
+        got = s.filtered_logits(x, hist)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32)), p
+        keep = np.flatnonzero(np.isfinite(want))
+        for _ in range(3):
+            tok = int(keep[draw(probabilities(want[keep], p.temperature), twin.uniform())])
+            assert s.sample(x, hist) == tok, p
+        checked += 1
+    assert checked == 400
+
+
 def test_top_p_before_temperature():
     # llama.cpp's order: the nucleus is cut on the untempered distribution
     x = np.log(np.array([0.6, 0.3, 0.1])).astype(np.float32)

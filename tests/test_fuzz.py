@@ -7,7 +7,9 @@ library) and fuzzes every parser for a bounded time:
   - fuzz_model: the qwen4exp loader (hyperparameters, tensor shapes) and a short forward on
     whatever loads, seeded with `micro` preset models, for STRATA_FUZZ_MODEL_SECONDS (default 30);
   - fuzz_ple_sidecar: the packed PLE table's sidecar JSON (field readers and checks), seeded with
-    sidecars as pack-ple writes them, for STRATA_FUZZ_SIDECAR_SECONDS (default 15).
+    sidecars as pack-ple writes them, for STRATA_FUZZ_SIDECAR_SECONDS (default 15);
+  - fuzz_sampler: the sampling chain (strata_sampler_draw, strata_sampler_sample) on settings and
+    logits as a request or a C application sends them, for STRATA_FUZZ_SAMPLER_SECONDS (default 15).
 Any crash, sanitizer report, timeout or OOM fails the test; the offending inputs are kept
 under build/fuzz/artifacts for reproduction (`build/fuzz/fuzz/<target> <file>`)."""
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "fuzz"
 INSTALL_HINT = "apt-get install clang libclang-rt-14-dev"
-TARGETS = ("fuzz_gguf", "fuzz_tokenizer", "fuzz_model", "fuzz_ple_sidecar")
+TARGETS = ("fuzz_gguf", "fuzz_tokenizer", "fuzz_model", "fuzz_ple_sidecar", "fuzz_sampler")
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +148,20 @@ def test_fuzz_ple_sidecar(fuzzers, tmp_path):
         (seeds / f"sidecar{i}").write_bytes(b"\x00" + text)
         (seeds / f"sidecar{i}-w64").write_bytes(b"\x08" + text)     # first byte 8: rows of 64 values
     _fuzz(fuzzers / "fuzz_ple_sidecar", seeds, int(os.environ.get("STRATA_FUZZ_SIDECAR_SECONDS", "15")), tmp_path)
+
+
+def test_fuzz_sampler(fuzzers, tmp_path):
+    import numpy as np
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    rng = np.random.default_rng(0)
+    settings = [bytes([40, 0, 0, 0, 0, 0, 2, 18, 9, 7]) + bytes(6),      # k 40, p 0.95, a small min-p, t ~0.01
+                bytes([0, 0, 0, 0, 1, 3, 1, 3, 2, 2]) + bytes(6),        # k 3, top_p 0, min_p 1e-12, t 1e-30
+                bytes([0, 0, 0, 0, 0, 0, 0, 0, 48, 1]) + bytes(range(6))]  # every filter off
+    vectors = [(rng.standard_normal(64) * 3).astype(np.float32), np.zeros(17, np.float32),
+               np.array([1, np.nan, np.inf, -np.inf, 1, 2, 2, -1e-45], np.float32),
+               rng.integers(-2, 3, 300).astype(np.float32)]
+    for i, st in enumerate(settings):
+        for j, v in enumerate(vectors):
+            (seeds / f"s{i}-v{j}").write_bytes(st + v.tobytes())
+    _fuzz(fuzzers / "fuzz_sampler", seeds, int(os.environ.get("STRATA_FUZZ_SAMPLER_SECONDS", "15")), tmp_path)

@@ -362,10 +362,12 @@ def _chain_cases(n_cases: int, seed: int):
 
 
 def test_sample_draws_from_the_public_filters_survivors_bit_for_bit():
-    """Sampler works on the survivors of top-k only (not the vocabulary), yet filtered_logits is the
-    composition of apply_top_k, apply_top_p and apply_min_p bit for bit, and sample() inverts the
-    cumulative distribution of its finite entries in id order with one uniform number, so a seed draws
-    the tokens it drew when every filter wrote the whole vector."""
+    """filtered_logits works on the survivors of top-k only (not the vocabulary), yet it is the
+    composition of apply_top_k, apply_top_p and apply_min_p bit for bit; and sample(), which runs the
+    chain in the library (strata_sampler_draw, float64 with libm and sums in order), draws the token that
+    inverting the cumulative distribution of filtered_logits' finite entries, in id order, at the
+    stream's next number gives (rounding could split them only for a number within ~1e-16 of an
+    interval's end), so a seed draws the tokens it drew when every filter wrote the whole vector."""
     checked = 0
     for x, p, hist in _chain_cases(400, 17):
         s, twin = make_sampler(p), make_sampler(p)

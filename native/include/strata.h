@@ -774,8 +774,10 @@ strata_status strata_model_tokenizer(const strata_model *m, strata_tokenizer **o
 
 /* ---------------------------------------------------------------- sampling */
 /* llama.cpp's default chain: top-k -> top-p -> min-p (on the distribution before temperature)
- * -> temperature -> one draw. Reproducible for a seed (splitmix64). One sampler per sequence;
- * different samplers may be used from different threads. */
+ * -> temperature -> one draw, which inverts the cumulative distribution of the survivors in id
+ * order (pyrunner's Sampler runs this chain with its own random numbers: strata_sampler_draw).
+ * Reproducible for a seed (splitmix64). One sampler per sequence; different samplers may be used
+ * from different threads. */
 typedef struct strata_sampler strata_sampler;
 typedef struct strata_sampler_params {
     float temperature;   /* <= 0: greedy (argmax, lowest id on ties); default 0.8 */
@@ -790,6 +792,11 @@ void strata_sampler_free(strata_sampler *s);
 /* Draws the next token from n_vocab logits (non-finite logits are never drawn). */
 strata_status strata_sampler_sample(strata_sampler *s, const float *logits, int64_t n_vocab,
                                     int32_t *token);
+/* The same chain with the settings and the draw's uniform number u in [0, 1) given (s's own
+ * settings and random stream are not used, only its buffers): top_k <= 0 or >= n_vocab, top_p = 1
+ * and min_p = 0 turn a filter off; temperature > 0 (greedy is strata_sample_greedy). */
+strata_status strata_sampler_draw(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t top_k,
+                                  double top_p, double min_p, double temperature, double u, int32_t *token);
 /* Argmax, lowest id on ties. */
 int32_t strata_sample_greedy(const float *logits, int64_t n_vocab);
 

@@ -1,6 +1,6 @@
 /* test_api.c — native unit tests of the pieces under everything: status/error reporting,
- * the thread pool, half-precision conversion, activation quantization (scalar == AVX2), and
- * the tokenizer's refusal of text that is not UTF-8. */
+ * the thread pool, half-precision conversion, activation quantization (scalar == AVX2), the
+ * tokenizer's refusal of text that is not UTF-8, and the sampling chain's draws. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,8 +219,60 @@ static void test_tokenizer_utf8(void) {
     strata_tokenizer_free(tok);
 }
 
+/* strata_sampler_draw: the survivors of each filter, and u's intervals in id order */
+static void test_sampler_draw(void) {
+    strata_sampler *s = NULL;
+    CHECK(strata_sampler_init(NULL, &s) == STRATA_OK, "init: %s", strata_last_error());
+    /* ids 0..7; 2 and 5 tie at the top, 6 is NaN, 7 is -inf */
+    const float l[8] = {0.0f, -1.0f, 2.0f, 1.0f, -3.0f, 2.0f, NAN, -INFINITY};
+    int32_t t = -1;
+    /* top-k 1: the lower id of the tie, whatever u */
+    for (int i = 0; i < 10; i++) {
+        CHECK(strata_sampler_draw(s, l, 8, 1, 1.0, 0.0, 1.0, i / 10.0, &t) == STRATA_OK && t == 2, "k1 u %d: %d", i, t);
+        CHECK(strata_sampler_draw(s, l, 8, 0, 0.0, 0.0, 1.0, i / 10.0, &t) == STRATA_OK && t == 2, "p0 u %d: %d", i, t);
+    }
+    /* top-k 2 keeps 2 and 5 at equal odds: u below one half draws 2, above it 5 */
+    CHECK(strata_sampler_draw(s, l, 8, 2, 1.0, 0.0, 1.0, 0.49, &t) == STRATA_OK && t == 2, "k2 low: %d", t);
+    CHECK(strata_sampler_draw(s, l, 8, 2, 1.0, 0.0, 1.0, 0.51, &t) == STRATA_OK && t == 5, "k2 high: %d", t);
+    /* no filter: the six finite ids in id order, each over an interval as long as its probability */
+    double e[8], tot = 0.0;
+    for (int i = 0; i < 6; i++) tot += (e[i] = exp((double)l[i] - 2.0));
+    double cum = 0.0;
+    for (int i = 0; i < 6; i++) {
+        const double mid = (cum + e[i] / 2) / tot;
+        cum += e[i];
+        CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.0, 1.0, mid, &t) == STRATA_OK && t == i, "interval %d: %d", i, t);
+    }
+    /* min-p 0.3: only the two ties (e^-1 = 0.37 of the top for id 3 survives 0.3, not 0.4) */
+    CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.3, 1.0, 0.99, &t) == STRATA_OK && t == 5, "min-p 0.3: %d", t);
+    int seen3 = 0;
+    for (int i = 0; i < 100; i++) {
+        CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.4, 1.0, i / 100.0, &t) == STRATA_OK && (t == 2 || t == 5),
+              "min-p 0.4: %d", t);
+        CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.3, 1.0, i / 100.0, &t) == STRATA_OK, "min-p 0.3");
+        seen3 += t == 3;
+    }
+    CHECK(seen3 > 0, "min-p 0.3 keeps id 3");
+    /* refusals, with a message */
+    const float none[3] = {NAN, -INFINITY, INFINITY};
+    CHECK(strata_sampler_draw(s, none, 3, 0, 1.0, 0.0, 1.0, 0.5, &t) == STRATA_ERR_INVALID_ARG &&
+              strstr(strata_last_error(), "no finite logit"), "no finite: %s", strata_last_error());
+    CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.0, 0.0, 0.5, &t) == STRATA_ERR_INVALID_ARG, "temperature 0");
+    CHECK(strata_sampler_draw(s, l, 8, 0, 1.5, 0.0, 1.0, 0.5, &t) == STRATA_ERR_INVALID_ARG, "top_p 1.5");
+    CHECK(strata_sampler_draw(s, l, 8, 0, 1.0, 0.0, 1.0, 1.0, &t) == STRATA_ERR_INVALID_ARG, "u 1");
+    CHECK(strata_sampler_draw(s, l, 0, 0, 1.0, 0.0, 1.0, 0.5, &t) == STRATA_ERR_INVALID_ARG, "no vocabulary");
+    strata_sampler_free(s);
+    strata_sampler_params p = strata_sampler_default_params();
+    p.min_p = NAN;
+    CHECK(strata_sampler_init(&p, &s) == STRATA_ERR_INVALID_ARG, "NaN min_p refused");
+    p = strata_sampler_default_params();
+    p.temperature = INFINITY;
+    CHECK(strata_sampler_init(&p, &s) == STRATA_ERR_INVALID_ARG, "infinite temperature refused");
+}
+
 int main(void) {
     test_errors();
+    test_sampler_draw();
     test_pool();
     test_fp16();
     test_act_quant();

@@ -2,16 +2,17 @@
  * app.c — what a C application needs around a model besides eval: the model's tokenizer (built
  * from its tokenizer.ggml.* arrays), a sampler, and the strata_model_* calls over the offload engine.
  *
- * The sampler applies llama.cpp's default order, as pyrunner/sampling.py does: top-k → top-p →
+ * The sampler applies llama.cpp's default order, as pyrunner/sampling.py defines it: top-k → top-p →
  * min-p (all on the distribution before temperature) → temperature → one uniform draw, inverting
- * the cumulative distribution of the survivors sorted by probability (ties: lower id first).
- * Temperature ≤ 0 is greedy (argmax, lowest id on ties), and draws nothing. Its random numbers
- * come from splitmix64 seeded with `seed`, so a C program is reproducible for a seed, but its
- * draws are not the Python sampler's (numpy's PCG64).
+ * the cumulative distribution of the survivors in id order. Temperature ≤ 0 is greedy (argmax,
+ * lowest id on ties), and draws nothing. strata_sampler_sample takes its random numbers from
+ * splitmix64 seeded with `seed`, so a C program is reproducible for a seed; pyrunner's Sampler hands
+ * the chain (strata_sampler_draw) the numbers of its own stream (numpy's PCG64).
  */
 #include "model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,14 +102,14 @@ done:
 
 /* ---------------------------------------------------------------- sampler */
 
-typedef struct { float l; int32_t i; } cand;
+/* A candidate token: its logit l, and the key it is ranked by (higher first, then lower id) */
+typedef struct { double key; float l; int32_t i; } cand;
 
 struct strata_sampler {
     strata_sampler_params p;
     uint64_t state;
     int64_t cap;
-    cand *c;
-    double *prob;
+    cand *a, *b, *t;   /* cap each: the candidates, those top-p ranks, and the sort's scratch */
 };
 
 strata_sampler_params strata_sampler_default_params(void) {
@@ -125,8 +126,10 @@ strata_sampler_params strata_sampler_default_params(void) {
 strata_status strata_sampler_init(const strata_sampler_params *params, strata_sampler **out) {
     if (!out) return strata_fail(STRATA_ERR_INVALID_ARG, "strata_sampler_init: out is required");
     strata_sampler_params p = params ? *params : strata_sampler_default_params();
-    if (!(p.top_p > 0.0f) || p.top_p > 1.0f || p.min_p < 0.0f || p.min_p > 1.0f || p.top_k < 0 || isnan(p.temperature))
-        return strata_fail(STRATA_ERR_INVALID_ARG, "sampler: top_p must be in (0, 1], min_p in [0, 1], top_k >= 0");
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f) || !(p.min_p >= 0.0f && p.min_p <= 1.0f) || p.top_k < 0 ||
+        !isfinite(p.temperature))
+        return strata_fail(STRATA_ERR_INVALID_ARG,
+                           "sampler: top_p must be in (0, 1], min_p in [0, 1], top_k >= 0, temperature finite");
     strata_sampler *s = calloc(1, sizeof *s);
     if (!s) return strata_fail(STRATA_ERR_NOMEM, "sampler: no memory");
     s->p = p;
@@ -137,8 +140,9 @@ strata_status strata_sampler_init(const strata_sampler_params *params, strata_sa
 
 void strata_sampler_free(strata_sampler *s) {
     if (!s) return;
-    free(s->c);
-    free(s->prob);
+    free(s->a);
+    free(s->b);
+    free(s->t);
     free(s);
 }
 
@@ -156,85 +160,181 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-/* higher logit first, then lower id (qsort is not stable: the id makes the order total) */
-static int by_logit(const void *a, const void *b) {
+static inline int ranks_before(const cand *x, const cand *y) {
+    return x->key > y->key || (x->key == y->key && x->i < y->i);
+}
+
+static int by_id(const void *a, const void *b) {
     const cand *x = a, *y = b;
-    if (x->l != y->l) return x->l > y->l ? -1 : 1;
     return (x->i > y->i) - (x->i < y->i);
 }
 
-/* min-heap on "better": the root is the candidate that ranks last */
+/* min-heap on rank: the root is the candidate that ranks last */
 static void sift(cand *h, int64_t n, int64_t i) {
     for (;;) {
         int64_t w = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && by_logit(&h[w], &h[l]) < 0) w = l;
-        if (r < n && by_logit(&h[w], &h[r]) < 0) w = r;
+        if (l < n && ranks_before(&h[w], &h[l])) w = l;
+        if (r < n && ranks_before(&h[w], &h[r])) w = r;
         if (w == i) return;
         cand t = h[i]; h[i] = h[w]; h[w] = t;
         i = w;
     }
 }
 
-strata_status strata_sampler_sample(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t *token) {
-    if (!s || !logits || !token || n_vocab <= 0)
-        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_sampler_sample: null argument or empty vocabulary");
-    if (!(s->p.temperature > 0.0f)) { *token = strata_sample_greedy(logits, n_vocab); return STRATA_OK; }
+/* Offers c to the heap h of the best k seen (*n of them so far): O(log k) when it ranks in. */
+static void heap_offer(cand *h, int64_t k, int64_t *n, cand c) {
+    if (*n < k) {
+        h[(*n)++] = c;
+        if (*n == k)
+            for (int64_t i = k / 2 - 1; i >= 0; i--) sift(h, k, i);
+    } else if (ranks_before(&c, &h[0])) {
+        h[0] = c;
+        sift(h, k, 0);
+    }
+}
+
+/* c[0..n) in rank order, best first: a bottom-up merge sort through t (n entries), the comparison
+ * inlined (qsort's call per comparison made top-p over a whole vocabulary slower than numpy's sort) */
+static void sort_rank(cand *c, int64_t n, cand *t) {
+    cand *src = c, *dst = t;
+    for (int64_t w = 1; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            const int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) dst[k++] = ranks_before(&src[j], &src[i]) ? src[j++] : src[i++];
+            while (i < mid) dst[k++] = src[i++];
+            while (j < hi) dst[k++] = src[j++];
+        }
+        cand *x = src; src = dst; dst = x;
+    }
+    if (src != c) memcpy(c, src, (size_t)n * sizeof *c);
+}
+
+/* The m best of src[0..n) into dst, best first; returns how many (min(m, n)). */
+static int64_t best_of(const cand *src, int64_t n, int64_t m, cand *dst, cand *t) {
+    int64_t got = 0;
+    if (m >= n) {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+        got = n;
+    } else {
+        for (int64_t j = 0; j < n; j++) heap_offer(dst, m, &got, src[j]);
+    }
+    sort_rank(dst, got, t);
+    return got;
+}
+
+/* The chain as pyrunner/sampling.py's filters define it, in float64 with libm's exp and log (sums in
+ * order, where numpy's are pairwise: the survivors and the distribution agree with numpy's to rounding):
+ *   top-k (0 < k < n_vocab): the k highest logits, ties to the lower ids (the finite ones among them);
+ *   top-p (< 1): over the candidates' log-softmax, the shortest prefix by probability descending (ties:
+ *     lower id) whose cumulative probability reaches top_p, at least one: the best 1024 are ranked
+ *     first (a heap: O(n log 1024)), then 16 times more, then all, while they do not reach it;
+ *   min-p (> 0): those with logit >= the highest + log(min_p);
+ *   temperature: softmax((l - max) / t) of the survivors in id order, and the token whose interval of
+ *     its cumulative sum holds u (the first cum > u * total).
+ * Non-finite logits are never candidates. */
+static strata_status chain(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t top_k, double top_p,
+                           double min_p, double temperature, double u, int32_t *token) {
     if (s->cap < n_vocab) {
-        free(s->c);
-        free(s->prob);
-        s->c = malloc((size_t)n_vocab * sizeof(cand));
-        s->prob = malloc((size_t)n_vocab * sizeof(double));
-        if (!s->c || !s->prob) { s->cap = 0; return strata_fail(STRATA_ERR_NOMEM, "sampler: no memory"); }
+        free(s->a);
+        free(s->b);
+        free(s->t);
+        s->a = malloc((size_t)n_vocab * sizeof(cand));
+        s->b = malloc((size_t)n_vocab * sizeof(cand));
+        s->t = malloc((size_t)n_vocab * sizeof(cand));
+        if (!s->a || !s->b || !s->t) {
+            free(s->a);
+            free(s->b);
+            free(s->t);
+            s->a = s->b = s->t = NULL;
+            s->cap = 0;
+            return strata_fail(STRATA_ERR_NOMEM, "sampler: no memory for %lld candidates", (long long)n_vocab);
+        }
         s->cap = n_vocab;
     }
-    /* survivors sorted by logit (finite ones only) */
+    cand *a = s->a, *b = s->b;
     int64_t n = 0;
-    for (int64_t i = 0; i < n_vocab; i++)
-        if (isfinite(logits[i])) { s->c[n].l = logits[i]; s->c[n].i = (int32_t)i; n++; }
-    if (n == 0) return strata_fail(STRATA_ERR_INVALID_ARG, "sampler: no finite logit to sample from");
-    if (s->p.top_k > 0 && s->p.top_k < n) {
-        /* keep the k best in a heap whose root is the worst kept (O(n log k)), then sort them */
-        const int64_t k = s->p.top_k;
-        cand *h = s->c;
-        for (int64_t i = k / 2 - 1; i >= 0; i--) sift(h, k, i);
-        for (int64_t i = k; i < n; i++)
-            if (by_logit(&h[i], &h[0]) < 0) { h[0] = h[i]; sift(h, k, 0); }
-        n = k;
-    }
-    qsort(s->c, (size_t)n, sizeof(cand), by_logit);
-    /* distribution before temperature, for top-p and min-p */
-    const double mx = s->c[0].l;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) { s->prob[i] = exp((double)s->c[i].l - mx); sum += s->prob[i]; }
-    if (s->p.top_p < 1.0f) {
-        double acc = 0.0;
-        int64_t keep = n;
-        for (int64_t i = 0; i < n; i++) {
-            acc += s->prob[i] / sum;
-            if (acc >= s->p.top_p) { keep = i + 1; break; }
+    int in_id_order = 1;
+    if (top_k > 0 && top_k < n_vocab) {
+        /* once the heap holds k, a later token ranks in only above its root's logit (a tie has a higher
+         * id): one comparison a token */
+        float thr = -INFINITY;
+        for (int64_t i = 0; i < n_vocab; i++) {
+            const float l = logits[i];
+            if (!(l > thr) || !isfinite(l)) continue;
+            heap_offer(a, top_k, &n, (cand){l, l, (int32_t)i});
+            if (n == top_k) thr = a[0].l;
         }
+        in_id_order = 0;
+    } else {
+        for (int64_t i = 0; i < n_vocab; i++)
+            if (isfinite(logits[i])) a[n++] = (cand){logits[i], logits[i], (int32_t)i};
+    }
+    if (n == 0) return strata_fail(STRATA_ERR_INVALID_ARG, "sampler: no finite logit to sample from");
+    if (top_p < 1.0) {
+        double mx = a[0].l, sum = 0.0;
+        for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
+        for (int64_t j = 0; j < n; j++) sum += exp((double)a[j].l - mx);
+        const double lse = log(sum);
+        for (int64_t j = 0; j < n; j++) a[j].key = ((double)a[j].l - mx) - lse;   /* the log-probability */
+        int64_t m = 1024, got, keep;
+        for (;;) {
+            got = best_of(a, n, m, b, s->t);
+            double cum = 0.0;
+            keep = -1;
+            for (int64_t j = 0; j < got; j++) {
+                cum += exp(b[j].key);
+                if (cum >= top_p) { keep = j + 1; break; }
+            }
+            if (keep > 0 || got == n) break;
+            m *= 16;
+        }
+        if (keep < 1) keep = got;
+        memcpy(a, b, (size_t)keep * sizeof *a);
         n = keep;
+        in_id_order = 0;
     }
-    if (s->p.min_p > 0.0f) {
-        int64_t keep = 1;
-        while (keep < n && s->prob[keep] >= s->p.min_p * s->prob[0]) keep++;
-        n = keep;
+    if (min_p > 0.0) {
+        double mx = a[0].l;
+        for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
+        const double cut = mx + log(min_p);
+        int64_t w = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (!((double)a[j].l < cut)) a[w++] = a[j];
+        n = w;
     }
-    /* temperature, then one draw */
-    sum = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        s->prob[i] = exp(((double)s->c[i].l - mx) / s->p.temperature);
-        sum += s->prob[i];
-    }
-    const double u = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0) * sum;
-    double acc = 0.0;
+    if (!in_id_order) qsort(a, (size_t)n, sizeof *a, by_id);
+    double mx = a[0].l, tot = 0.0;
+    for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
+    for (int64_t j = 0; j < n; j++) { a[j].key = exp(((double)a[j].l - mx) / temperature); tot += a[j].key; }
+    double cum = 0.0;
+    for (int64_t j = 0; j < n; j++) { cum += a[j].key / tot; a[j].key = cum; }
+    const double target = u * cum;
     int64_t pick = n - 1;
-    for (int64_t i = 0; i < n; i++) {
-        acc += s->prob[i];
-        if (u < acc) { pick = i; break; }
-    }
-    *token = s->c[pick].i;
+    for (int64_t j = 0; j < n; j++)
+        if (a[j].key > target) { pick = j; break; }
+    *token = a[pick].i;
     return STRATA_OK;
+}
+
+strata_status strata_sampler_sample(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t *token) {
+    if (!s || !logits || !token || n_vocab <= 0 || n_vocab > INT32_MAX)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_sampler_sample: null argument or empty vocabulary");
+    if (!(s->p.temperature > 0.0f)) { *token = strata_sample_greedy(logits, n_vocab); return STRATA_OK; }
+    const double u = (double)(splitmix64(&s->state) >> 11) * (1.0 / 9007199254740992.0);
+    return chain(s, logits, n_vocab, s->p.top_k, s->p.top_p, s->p.min_p, s->p.temperature, u, token);
+}
+
+strata_status strata_sampler_draw(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t top_k, double top_p,
+                                  double min_p, double temperature, double u, int32_t *token) {
+    if (!s || !logits || !token || n_vocab <= 0 || n_vocab > INT32_MAX)
+        return strata_fail(STRATA_ERR_INVALID_ARG, "strata_sampler_draw: null argument or empty vocabulary");
+    if (!(temperature > 0.0) || !isfinite(temperature) || !(top_p >= 0.0 && top_p <= 1.0) ||
+        !(min_p >= 0.0 && min_p <= 1.0) || !(u >= 0.0 && u < 1.0))
+        return strata_fail(STRATA_ERR_INVALID_ARG,
+                           "strata_sampler_draw: temperature must be finite and > 0 (greedy is strata_sample_greedy), "
+                           "top_p and min_p in [0, 1], u in [0, 1) (got %g, %g, %g, %g)", temperature, top_p, min_p, u);
+    return chain(s, logits, n_vocab, top_k, top_p, min_p, temperature, u, token);
 }
 
 /* ---------------------------------------------------------------- the offload engine's public face */

@@ -108,8 +108,8 @@ typedef struct { double key; float l; int32_t i; } cand;
 struct strata_sampler {
     strata_sampler_params p;
     uint64_t state;
-    int64_t cap;
-    cand *a, *b, *t;   /* cap each: the candidates, those top-p ranks, and the sort's scratch */
+    cand *a, *b, *t;              /* the candidates; those top-p ranks, and its sort's scratch */
+    int64_t cap_a, cap_b, cap_t;  /* their sizes: top_k (or the vocabulary), and the candidates' count */
 };
 
 strata_sampler_params strata_sampler_default_params(void) {
@@ -223,6 +223,16 @@ static int64_t best_of(const cand *src, int64_t n, int64_t m, cand *dst, cand *t
     return got;
 }
 
+/* *buf holds at least n candidates (grown as needed; the sizes of the last calls are kept). */
+static strata_status room(cand **buf, int64_t *cap, int64_t n) {
+    if (*cap >= n) return STRATA_OK;
+    cand *p = realloc(*buf, (size_t)n * sizeof *p);
+    if (!p) return strata_fail(STRATA_ERR_NOMEM, "sampler: no memory for %lld candidates", (long long)n);
+    *buf = p;
+    *cap = n;
+    return STRATA_OK;
+}
+
 /* The chain as pyrunner/sampling.py's filters define it, in float64 with libm's exp and log (sums in
  * order, where numpy's are pairwise: the survivors and the distribution agree with numpy's to rounding):
  *   top-k (0 < k < n_vocab): the k highest logits, ties to the lower ids (the finite ones among them);
@@ -235,27 +245,13 @@ static int64_t best_of(const cand *src, int64_t n, int64_t m, cand *dst, cand *t
  * Non-finite logits are never candidates. */
 static strata_status chain(strata_sampler *s, const float *logits, int64_t n_vocab, int32_t top_k, double top_p,
                            double min_p, double temperature, double u, int32_t *token) {
-    if (s->cap < n_vocab) {
-        free(s->a);
-        free(s->b);
-        free(s->t);
-        s->a = malloc((size_t)n_vocab * sizeof(cand));
-        s->b = malloc((size_t)n_vocab * sizeof(cand));
-        s->t = malloc((size_t)n_vocab * sizeof(cand));
-        if (!s->a || !s->b || !s->t) {
-            free(s->a);
-            free(s->b);
-            free(s->t);
-            s->a = s->b = s->t = NULL;
-            s->cap = 0;
-            return strata_fail(STRATA_ERR_NOMEM, "sampler: no memory for %lld candidates", (long long)n_vocab);
-        }
-        s->cap = n_vocab;
-    }
-    cand *a = s->a, *b = s->b;
+    const int with_k = top_k > 0 && top_k < n_vocab;
+    strata_status rc = room(&s->a, &s->cap_a, with_k ? top_k : n_vocab);
+    if (rc) return rc;
+    cand *a = s->a;
     int64_t n = 0;
     int in_id_order = 1;
-    if (top_k > 0 && top_k < n_vocab) {
+    if (with_k) {
         /* once the heap holds k, a later token ranks in only above its root's logit (a tie has a higher
          * id): one comparison a token */
         float thr = -INFINITY;
@@ -277,6 +273,8 @@ static strata_status chain(strata_sampler *s, const float *logits, int64_t n_voc
         for (int64_t j = 0; j < n; j++) sum += exp((double)a[j].l - mx);
         const double lse = log(sum);
         for (int64_t j = 0; j < n; j++) a[j].key = ((double)a[j].l - mx) - lse;   /* the log-probability */
+        if ((rc = room(&s->b, &s->cap_b, n)) || (rc = room(&s->t, &s->cap_t, n))) return rc;
+        cand *b = s->b;
         int64_t m = 1024, got, keep;
         for (;;) {
             got = best_of(a, n, m, b, s->t);

@@ -288,9 +288,18 @@ static strata_status chain(strata_sampler *s, const float *logits, int64_t n_voc
             m *= 16;
         }
         if (keep < 1) keep = got;
-        memcpy(a, b, (size_t)keep * sizeof *a);
-        n = keep;
-        in_id_order = 0;
+        if (in_id_order) {
+            /* the survivors are those ranking up to the last one kept: taken from a, they stay in id
+             * order (a nucleus of most of the vocabulary is not sorted back by id) */
+            const cand last = b[keep - 1];
+            int64_t w = 0;
+            for (int64_t j = 0; j < n; j++)
+                if (!ranks_before(&last, &a[j])) a[w++] = a[j];
+            n = w;
+        } else {
+            memcpy(a, b, (size_t)keep * sizeof *a);
+            n = keep;
+        }
     }
     if (min_p > 0.0) {
         double mx = a[0].l;

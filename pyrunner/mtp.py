@@ -53,6 +53,13 @@ def parse_mtp(value, name: str = "mtp"):
     return int(value)
 
 
+def _at(ids: np.ndarray, pr: np.ndarray, tok):
+    """The probabilities of token(s) tok under a support (ids ascending, pr): 0 where ids lacks one."""
+    j = np.searchsorted(ids, tok)
+    jc = np.minimum(j, len(ids) - 1)
+    return np.where(ids[jc] == tok, pr[jc], 0.0)
+
+
 class MTPDecoder:
     """Drafts with the MTP head of `sess`'s model and verifies in windows of k + 1 tokens.
 
@@ -113,18 +120,18 @@ class MTPDecoder:
         trace.since("mtp extend", "mtp", t, rows=len(rows))
 
     # ------------------------------------------------------------------ one round
-    def _draft(self, logits: np.ndarray, history: list[int], pos: int) -> tuple[int, np.ndarray | None]:
-        """A draft token for position pos and the distribution it was drawn from (None: greedy)."""
+    def _draft(self, logits: np.ndarray, history: list[int], pos: int) -> tuple[int, tuple | None]:
+        """A draft token for position pos and the distribution it was drawn from, as Sampler.support's
+        (ids, probabilities) (None: greedy)."""
         if self.sampler.is_greedy:
             d, q = greedy(self.sampler.filtered_logits(logits, history)), None
         else:
-            q = self.sampler.distribution(logits, history)
-            d = draw(q, self.sampler.uniform())
+            q = self.sampler.support(logits, history)
+            d = int(q[0][draw(q[1], self.sampler.uniform())])
         if self.hook is not None:
             forced = int(self.hook(pos, d))
             if forced != d and q is not None:
-                q = np.zeros_like(q)
-                q[forced] = 1.0
+                q = (np.array([forced]), np.ones(1))
             d = forced
         return d, q
 
@@ -171,11 +178,15 @@ class MTPDecoder:
                     new.append(t)
                     break
             else:
-                pdist = self.sampler.distribution(L[i], h)
-                q = qs[i]
-                if self.sampler.uniform() * q[d] >= pdist[d]:     # reject with 1 - min(1, p/q)
-                    resid = np.maximum(pdist - q, 0.0)
-                    new.append(draw(resid if resid.sum() > 0 else pdist, self.sampler.uniform()))
+                # the rule on the supports (Sampler.support): q's and p's entries where they are not 0, the
+                # residual max(p - q, 0) on p's (0 elsewhere), each drawn over in id order: the tokens and
+                # the random numbers the whole vocabulary-sized vectors gave
+                p_ids, p_pr = self.sampler.support(L[i], h)
+                q_ids, q_pr = qs[i]
+                if self.sampler.uniform() * _at(q_ids, q_pr, d) >= _at(p_ids, p_pr, d):   # reject: 1 - min(1, p/q)
+                    resid = np.maximum(p_pr - _at(q_ids, q_pr, p_ids), 0.0)
+                    w = resid if resid.sum() > 0 else p_pr
+                    new.append(int(p_ids[draw(w, self.sampler.uniform())]))
                     break
             new.append(d)
             h.append(d)

@@ -477,6 +477,25 @@ class Sampler:
             return d
         return probabilities(x, self.params.temperature)
 
+    def support(self, logits, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """distribution() where it is not 0: (ids ascending, their probabilities), the same float64 bits,
+        from the survivors of top-k on (speculative decoding's rule reads a few entries and draws over
+        them: drawing over these in id order gives distribution()'s token, as its zeros add nothing to
+        the running sum). The normaliser is summed over the whole vocabulary with its zeros, as
+        probabilities() sums it (numpy's pairwise order), the one vocabulary-sized step left."""
+        p = self.params
+        x = self._biased(logits, history)
+        if self.is_greedy:
+            return np.array([greedy(x)]), np.ones(1)
+        ids, v = _candidates(x, p.top_k, p.top_p, p.min_p)
+        keep = np.flatnonzero(np.isfinite(v))
+        ids = keep if ids is None else ids[keep]
+        v = v[keep].astype(np.float64)
+        e = np.exp((v - v.max()) / p.temperature)
+        whole = np.zeros(x.shape[0])
+        whole[ids] = e
+        return ids, e / whole.sum()
+
     def sample(self, logits, history: Sequence[int] = ()) -> int:
         p = self.params
         if self.is_greedy and penalties_neutral(p.repeat_penalty, p.presence_penalty, p.frequency_penalty):

@@ -311,6 +311,36 @@ class OwnStream(Sampler):
         return float(self._stream.random())
 
 
+def test_the_rule_on_supports_gives_the_tokens_of_the_rule_on_whole_vectors():
+    """MTPDecoder's acceptance rule reads q(d) and p(d) and draws the residual max(p - q, 0) over the
+    supports (Sampler.support); on whole vocabulary-sized vectors (zeros elsewhere) the rule draws the
+    same tokens with the same random numbers."""
+    from pyrunner.mtp import _at
+    from pyrunner.sampling import draw
+    rng = np.random.default_rng(4)
+    for case in range(400):
+        V = int(rng.choice([8, 50, 1000]))
+        def support():
+            ids = np.sort(rng.choice(V, int(rng.integers(1, min(V, 40) + 1)), replace=False))
+            pr = rng.random(len(ids)) ** 3
+            pr[rng.random(len(ids)) < 0.1] = 0.0          # underflowed survivors
+            pr[0] += 1e-3
+            return ids, pr / pr.sum()
+        (p_ids, p_pr), (q_ids, q_pr) = support(), support()
+        pf, qf = np.zeros(V), np.zeros(V)
+        pf[p_ids], qf[q_ids] = p_pr, q_pr
+        d = int(q_ids[draw(q_pr, rng.random())])
+        assert _at(q_ids, q_pr, d) == qf[d] and _at(p_ids, p_pr, d) == pf[d]
+        u2 = rng.random()
+        resid = np.maximum(p_pr - _at(q_ids, q_pr, p_ids), 0.0)
+        sparse = int(p_ids[draw(resid if resid.sum() > 0 else p_pr, u2)])
+        rf = np.maximum(pf - qf, 0.0)
+        whole = draw(rf if rf.sum() > 0 else pf, u2)
+        assert sparse == whole, (case, sparse, whole)
+        u0 = rng.random()
+        assert int(q_ids[draw(q_pr, u0)]) == draw(qf, u0)
+
+
 def test_mtp_draws_its_random_numbers_from_the_sampler_it_is_given(model):
     ids = prompt(8, 25)
     ban = {t: -np.inf for t in end_of_generation_ids(model)}     # the step loop does not stop at EOS

@@ -395,6 +395,21 @@ def test_sample_draws_from_the_public_filters_survivors_bit_for_bit():
     assert checked == 1200 and split <= 12, split
 
 
+def test_support_is_the_distribution_where_it_is_not_zero_bit_for_bit():
+    """Sampler.support (speculative decoding's distributions) computes from top-k's survivors only, yet
+    gives distribution()'s probabilities bit for bit on its ids, and every id distribution() gives a
+    probability (a survivor may have 0 where its exp underflows: it is in both, at 0)."""
+    for x, p, hist in _chain_cases(300, 23):
+        s = make_sampler(p)
+        d = s.distribution(x, hist)
+        ids, pr = s.support(x, hist)
+        assert np.all(np.diff(ids) > 0) and np.array_equal(d[ids], pr), p
+        assert set(np.flatnonzero(d).tolist()) <= set(ids.tolist()), p
+    g = make_sampler(SamplingParams.greedy())
+    ids, pr = g.support(f32(0.5, 3, 3, -1))
+    assert ids.tolist() == [1] and pr.tolist() == [1.0]
+
+
 def _rounding_decides(y, p, probs, u, eps=1e-9) -> bool:
     """Whether a cut of the chain lies within eps of where its float64 sums and logs put it: top-p's
     cumulative probability at top_p, a logit at min-p's cut, or the draw's number at an interval's end."""

@@ -249,6 +249,11 @@ class _Batcher:
     def __init__(self, engine: "Engine", req: Request):
         self.engine, self.req = engine, req
 
+    def sharing(self) -> int:
+        """Decoding sequences in the engine's last step, this one's included (--mtp auto weighs a window's
+        time against every sequence's tokens: mtp.DraftPolicy.shared_tokens)."""
+        return max(1, self.engine._decoders)
+
     def eval(self, sess, ids32, flags, out, hid) -> None:
         if self.req.cancelled:
             raise Cancelled(f"request {self.req.id} was cancelled")
@@ -342,6 +347,7 @@ class Engine:
         self._free: list = []                                   # idle sessions (prefix reuse), newest last
         self._sess_of: dict = {}                                # running Request -> its session
         self._held: dict = {}                                   # session -> its state bytes after its last step
+        self._decoders = 0                                      # short evaluations (decoders) in the last step
         self._n_sessions = 0
         self._closing = False
         self._ids = itertools.count(1)
@@ -633,8 +639,9 @@ class Engine:
         the step failed: their error), for the engine's loop to switch back into their workers."""
         m = self.model
         items = []
+        self._decoders = sum(1 for *_, sh, _ in batch if sh)
         if self.step_log is not None:
-            self.step_log.append({"short": sum(1 for *_, sh, _ in batch if sh),
+            self.step_log.append({"short": self._decoders,
                                   "prefill_tokens": sum(b - a for _, a, b, sh, _ in batch if not sh)})
         for p, a, b, _, cont in batch:
             all_rows = bool(p.flags & 1)

@@ -418,6 +418,7 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
     # the watchdog's stage names: under pyrunner.engine the step that runs this request's evals with the
     # others' is labelled by the engine (a label here would name whichever request queued last)
     own_labels = getattr(sess, "batcher", None) is None
+    sharing = None if own_labels else getattr(sess.batcher, "sharing", None)
     if own_labels:
         trace.label(f"prefill of {len(ids) - reused} prompt tokens")
     try:
@@ -482,6 +483,8 @@ def _steps(model, sess, ids, sampler, max_tokens, mtp, draft_hook, checkpoint_at
                 if limit is not None:
                     k = min(k, limit - n_sampled - 1)
                 if policy is not None:
+                    if sharing is not None:              # the engine's step is shared (DraftPolicy.shared_tokens)
+                        policy.shared_tokens = sharing() - 1
                     k = policy.choose(k)
                     p0, a0, t_w, e_w = drafter.proposed, drafter.accepted, time.perf_counter(), drafter.prompt_extend_s
                 if own_labels:

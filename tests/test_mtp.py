@@ -402,6 +402,52 @@ def test_auto_policy_is_near_the_best_fixed_k_on_steady_streams(rate, cost):
     assert auto >= 0.92 * max(fixed.values()), (auto, fixed)
 
 
+def _simulate_step(n: int, windows: int, rate: float, share: bool, seed: int = 0):
+    """n requests under --mtp auto in one engine step each window: a step costs 1, plus 0.05 a draft
+    verified (batched) and 0.4 a draft made (the heads run one request at a time); every request times
+    its window as the step's and takes its drafts with probability `rate` each; request i arrives at
+    window 20 i. share: each policy weighs the others' tokens (DraftPolicy.shared_tokens, as
+    pyrunner.engine sets it). Returns (mean k, the step's tokens per second) once all have arrived."""
+    from pyrunner.mtp import DraftPolicy
+
+    rng = np.random.default_rng(seed)
+    pol = [DraftPolicy(3) for _ in range(n)]
+    for p in pol:
+        p.shared_tokens = n - 1 if share else 0
+    ks, tokens, secs = [], 0, 0.0
+    for w in range(windows):
+        live = [i for i in range(n) if w >= 20 * i]     # requests arrive 20 windows apart (probes apart)
+        k = [pol[i].choose() if i in live else 0 for i in range(n)]
+        a = [0] * n
+        for i in range(n):
+            while a[i] < k[i] and rng.random() < rate:
+                a[i] += 1
+        dt = (1.0 + 0.45 * sum(k)) * rng.uniform(0.9, 1.1)
+        for i in live:
+            pol[i].observe(k[i], k[i], a[i], dt)
+        if w >= 20 * n:                                  # all running: what is measured
+            ks += k
+            tokens += n + sum(a)
+            secs += dt
+    return float(np.mean(ks)), tokens / secs
+
+
+def test_auto_policy_weighs_the_tokens_of_the_sequences_sharing_its_step():
+    """Eight requests in one step each window, drafts taken at 0.8: a request's drafts lengthen the step
+    all eight wait on. Weighing only its own tokens, each request finds a window of 3 drafts worth it
+    (2.95 tokens for 2.35 steps' time, the others plain) and every one drafts: the step then yields less
+    than half the tokens per second of plain steps. Weighing the others' 7 tokens too, none keeps
+    drafting. Alone, the same costs make drafts pay, and the policy drafts."""
+    plain = 8 / 1.0
+    for seed in range(3):
+        k_own, own = _simulate_step(8, 500, 0.8, share=False, seed=seed)
+        k_shared, shared = _simulate_step(8, 500, 0.8, share=True, seed=seed)
+        assert k_own > 1.5 and own < 0.5 * plain, (k_own, own)
+        assert k_shared < 0.2 and shared > 0.9 * plain, (k_shared, shared)
+        k_alone, alone = _simulate_step(1, 500, 0.8, share=True, seed=seed)
+        assert k_alone > 1 and alone > 1.15, (k_alone, alone)
+
+
 def test_auto_policy_follows_a_switching_stream_and_does_not_flap():
     """Acceptance switching between 0.05 and 0.95 every 64 windows: the policy beats every fixed k (it
     drafts in the good phases and stops in the bad ones, on average over 10 streams: one stream's phase

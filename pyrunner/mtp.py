@@ -556,12 +556,9 @@ class DraftPolicy:
         known = [(j, t) for j, t in enumerate(self.t) if t is not None]
         return _line(known, k) if known else None
 
-    def rate(self, k: int) -> float:
-        c = self.cost(k)
-        return (self.shared_tokens + self.expected_tokens(k)) / c if c else 0.0
-
     def rates(self) -> list:
-        """rate(k) for every k, from one pass over the estimates."""
+        """The expected tokens per second of a window of k drafts, for every k (the step's: shared_tokens +
+        expected tokens, over cost(k)), from one pass over the estimates."""
         e = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.acceptance()))])
         out = []
         for k in range(self.k_max + 1):

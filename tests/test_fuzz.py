@@ -160,7 +160,8 @@ def test_fuzz_sampler(fuzzers, tmp_path):
                 bytes([0, 0, 0, 0, 0, 0, 0, 0, 48, 1]) + bytes(range(6))]  # every filter off
     vectors = [(rng.standard_normal(64) * 3).astype(np.float32), np.zeros(17, np.float32),
                np.array([1, np.nan, np.inf, -np.inf, 1, 2, 2, -1e-45], np.float32),
-               rng.integers(-2, 3, 300).astype(np.float32)]
+               rng.integers(-2, 3, 300).astype(np.float32),
+               np.array([0, 5.8e-39, 1.17e-38, 1e-40, 2.3e-38], np.float32)]   # one log-probability: ties by id
     for i, st in enumerate(settings):
         for j, v in enumerate(vectors):
             (seeds / f"s{i}-v{j}").write_bytes(st + v.tobytes())

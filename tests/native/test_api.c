@@ -253,6 +253,11 @@ static void test_sampler_draw(void) {
         seen3 += t == 3;
     }
     CHECK(seen3 > 0, "min-p 0.3 keeps id 3");
+    /* logits too small to part in float64 log-probabilities: top-p ranks their tie by id and keeps id 0, not
+     * the highest logit (id 4), and min-p 1 then keeps what top-p kept (the survivors' own maximum) */
+    const float tiny[5] = {0.0f, 5.8e-39f, 1.17e-38f, 1.0e-40f, 2.3e-38f};
+    for (int i = 0; i < 4; i++)
+        CHECK(strata_sampler_draw(s, tiny, 5, 0, 0.01, 1.0, 1.0, i / 4.0, &t) == STRATA_OK && t == 0, "tiny tie: %d", t);
     /* refusals, with a message */
     const float none[3] = {NAN, -INFINITY, INFINITY};
     CHECK(strata_sampler_draw(s, none, 3, 0, 1.0, 0.0, 1.0, 0.5, &t) == STRATA_ERR_INVALID_ARG &&

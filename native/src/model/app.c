@@ -223,6 +223,15 @@ static int64_t best_of(const cand *src, int64_t n, int64_t m, cand *dst, cand *t
     return got;
 }
 
+/* The highest logit of c[0..n) (n >= 1). Each filter and the draw take their survivors' own: top-p keeps the
+ * one ranking first, which need not be the highest logit where distinct tiny logits round to one log-probability
+ * (numpy's chain takes the maximum of each filter's output too). */
+static double top_logit(const cand *c, int64_t n) {
+    double mx = c[0].l;
+    for (int64_t j = 1; j < n; j++) if (c[j].l > mx) mx = c[j].l;
+    return mx;
+}
+
 /* *buf holds at least n candidates (grown as needed; the sizes of the last calls are kept). */
 static strata_status room(cand **buf, int64_t *cap, int64_t n) {
     if (*cap >= n) return STRATA_OK;
@@ -268,8 +277,8 @@ static strata_status chain(strata_sampler *s, const float *logits, int64_t n_voc
     }
     if (n == 0) return strata_fail(STRATA_ERR_INVALID_ARG, "sampler: no finite logit to sample from");
     if (top_p < 1.0) {
-        double mx = a[0].l, sum = 0.0;
-        for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
+        const double mx = top_logit(a, n);
+        double sum = 0.0;
         for (int64_t j = 0; j < n; j++) sum += exp((double)a[j].l - mx);
         const double lse = log(sum);
         for (int64_t j = 0; j < n; j++) a[j].key = ((double)a[j].l - mx) - lse;   /* the log-probability */
@@ -302,17 +311,15 @@ static strata_status chain(strata_sampler *s, const float *logits, int64_t n_voc
         }
     }
     if (min_p > 0.0) {
-        double mx = a[0].l;
-        for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
-        const double cut = mx + log(min_p);
+        const double cut = top_logit(a, n) + log(min_p);
         int64_t w = 0;
         for (int64_t j = 0; j < n; j++)
             if (!((double)a[j].l < cut)) a[w++] = a[j];
         n = w;
     }
     if (!in_id_order) qsort(a, (size_t)n, sizeof *a, by_id);
-    double mx = a[0].l, tot = 0.0;
-    for (int64_t j = 1; j < n; j++) if (a[j].l > mx) mx = a[j].l;
+    const double mx = top_logit(a, n);
+    double tot = 0.0;
     for (int64_t j = 0; j < n; j++) { a[j].key = exp(((double)a[j].l - mx) / temperature); tot += a[j].key; }
     double cum = 0.0;
     for (int64_t j = 0; j < n; j++) { cum += a[j].key / tot; a[j].key = cum; }

@@ -415,7 +415,7 @@ def _messages(v) -> list[dict]:
             raise APIError(f"Unrecognized request argument supplied: {where}.{unknown[0]}", f"{where}.{unknown[0]}",
                            "unknown_parameter")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:       # a list or object is not hashable
             raise _bad_value(f"{where}.role", role, f"is not a role; use one of {', '.join(sorted(_ROLES))}")
         msg = {"role": "system" if role == "developer" else role,
                "content": _text_of(m.get("content"), f"{where}.content")}

@@ -333,6 +333,9 @@ BAD = [  # (route, body, param named in the error)
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    # a role that is an array or an object (unhashable) once answered 500: found by a long offline fuzz
+    ("/v1/chat/completions", {"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": {"a": 1}, "content": "x"}]}, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "mood": 1}]}, "messages[0].mood"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]"),
@@ -774,7 +777,7 @@ def test_chat_keeps_checkpoints_where_the_system_prompt_and_earlier_turns_end(mo
 
 def _mutants(rng, seed_bodies, n):
     """Bodies a fuzzer would send: valid requests with values swapped for odd ones, keys dropped or
-    added, types changed, nested garbage, and raw bytes flipped in their JSON text."""
+    added, types changed (a message's fields too), nested garbage, and raw bytes flipped in their JSON text."""
     odd = [None, True, -1, 0, 2**63, -2**63, 1e308, -0.0, "", "x" * 5000, "\ud800", [], {}, [None], {"a": []},
            [[[[]]]], "NaN", 3.5, -7, [1, "a"], {"type": "json_object"}, "\x00"]
     for _ in range(n):
@@ -790,7 +793,12 @@ def _mutants(rng, seed_bodies, n):
                 body[["n", "stop", "logprobs", "top_logprobs", "stream_options", "tools", "messages", "prompt",
                       "seed", "max_tokens", "temperature", "bogus"][rng.integers(12)]] = odd[rng.integers(len(odd))]
             elif "messages" in body and isinstance(body["messages"], list) and body["messages"]:
-                body["messages"][0] = odd[rng.integers(len(odd))]
+                m = body["messages"][0]
+                if isinstance(m, dict) and rng.random() < 0.5:     # one field of a message (its role: a 500 once)
+                    m[["role", "content", "name", "tool_calls", "tool_call_id"][rng.integers(5)]] = \
+                        json.loads(json.dumps(odd[rng.integers(len(odd))]))
+                else:
+                    body["messages"][0] = odd[rng.integers(len(odd))]
         text = json.dumps(body).encode("utf-8", "surrogatepass")
         if rng.random() < 0.25:                      # flip bytes of the JSON text itself
             b = bytearray(text)

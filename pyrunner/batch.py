@@ -124,6 +124,9 @@ def parse_request(raw: str | bytes, lineno: int) -> tuple[str, dict]:
     if has_m and (not isinstance(rec["messages"], list) or not rec["messages"]
                   or not all(isinstance(m, dict) for m in rec["messages"])):
         return bad("\"messages\" must be a non-empty list of {\"role\", \"content\"} objects", rid)
+    for i, m in enumerate(rec.get("messages") or ()):
+        if not isinstance(m.get("role"), str):          # the template would fail on it with a TypeError
+            return bad(f"messages[{i}].role must be a string such as \"user\", got {json.dumps(m.get('role'))}", rid)
     unknown = sorted(set(rec) - {"id", "prompt", "messages"} - set(FIELDS))
     if unknown:
         return bad(f"unknown field(s) {', '.join(unknown)}; sampling fields are {', '.join(FIELDS)}", rid)

@@ -351,11 +351,15 @@ class SamplingParams:
             self.stop = [self.stop]
         elif self.stop is None:
             self.stop = []
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
+        else:               # a number or an object from a batch line: "not iterable" would not say which field
+            raise _bad("stop", self.stop, "must be a string or a list of strings")
         for s in self.stop:
             if not isinstance(s, str) or s == "":
                 raise _bad("stop", s, "stop strings must be non-empty strings")
+        if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
+            raise _bad("logit_bias", self.logit_bias, "must be an object of token id -> bias, e.g. {\"15043\": -100}")
         if self.logit_bias:
             clean = {}
             for k, b in self.logit_bias.items():

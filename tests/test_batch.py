@@ -57,23 +57,25 @@ def test_results_match_generate_and_bad_lines_get_errors(model, tmp_path):
     _write(inp, [good[0], "this is not json", {"prompt": "no id"}, {"id": "both", "prompt": "a", "messages": msgs},
                  {"id": "typo", "prompt": "a", "temprature": 0}, good[1], "", {"id": "p", "prompt": "dup"},
                  {"id": "long", "prompt": "x " * 600}, {"id": "badp", "prompt": "a", "top_p": 3}, good[2],
-                 {"id": "role", "messages": [{"role": ["user"], "content": "x"}]}])
+                 {"id": "role", "messages": [{"role": ["user"], "content": "x"}]},
+                 {"id": "lb", "prompt": "a", "logit_bias": 3.5}])     # stopped the whole run once (AttributeError)
     out = tmp_path / "out.jsonl"
     counts = run_batch(model, str(inp), str(out), SamplingParams(max_tokens=4), progress=False)
-    assert counts == {"total": 10, "skipped": 0, "done": 3, "errors": 7, "duplicates": 1}
+    assert counts == {"total": 11, "skipped": 0, "done": 3, "errors": 8, "duplicates": 1}
     recs = _lines(out)
-    assert len(recs) == 10
+    assert len(recs) == 11
     by = {json.dumps(r["id"]): r for r in recs if r["id"] is not None}
     assert "unknown field(s) temprature" in by['"typo"']["error"]
     assert "exactly one of" in by['"both"']["error"]
     assert "context holds 512" in by['"long"']["error"]
     assert "--top-p" in by['"badp"']["error"]
     assert "messages[0].role must be a string" in by['"role"']["error"]
+    assert "--logit-bias" in by['"lb"']["error"]
     anon = [r for r in recs if r["id"] is None]
     assert [r["line"] for r in anon] == [2, 3] and "not valid JSON" in anon[0]["error"]
     # every error names its input line, in the record and in the message (run-time errors too)
     errs = [r for r in recs if "error" in r]
-    assert [r["line"] for r in errs] == [2, 3, 4, 5, 9, 10, 12]
+    assert [r["line"] for r in errs] == [2, 3, 4, 5, 9, 10, 12, 13]
     assert all(r["error"].startswith(f"line {r['line']}: ") for r in errs)
     for g in good:
         kw = {k: v for k, v in g.items() if k not in ("id", "prompt", "messages")}
@@ -88,8 +90,8 @@ def test_results_match_generate_and_bad_lines_get_errors(model, tmp_path):
         assert r["stats"]["generated_tokens"] == ref.stats["generated_tokens"]
     # a second run finds everything done and writes nothing
     again = run_batch(model, str(inp), str(out), SamplingParams(max_tokens=4), progress=False)
-    assert again["skipped"] == 10 and again["done"] == again["errors"] == 0
-    assert len(_lines(out)) == 10
+    assert again["skipped"] == 11 and again["done"] == again["errors"] == 0
+    assert len(_lines(out)) == 11
 
 
 def test_requests_sharing_a_system_prompt_evaluate_it_once(model, tmp_path):

@@ -474,7 +474,11 @@ def test_invalid_logits_and_params():
                     ({"top_k": 2.5}, "--top-k"), ({"stop": ["ok", ""]}, "--stop"),
                     ({"logit_bias": {1: math.inf}}, "large finite bias"),
                     ({"logit_bias": {"x": 1}}, "token ids"), ({"seed": -5}, "--seed"),
-                    ({"repeat_last_n": -2}, "--repeat-last-n")]:
+                    ({"repeat_last_n": -2}, "--repeat-last-n"),
+                    # types a batch line can hold (they raised AttributeError / "not iterable" before)
+                    ({"stop": True}, "--stop.*a string or a list"), ({"stop": 0.5}, "--stop"),
+                    ({"logit_bias": 3.5}, "--logit-bias.*an object"), ({"logit_bias": ["1"]}, "--logit-bias"),
+                    ({"logit_bias": "x"}, "--logit-bias")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)
 

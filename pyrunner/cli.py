@@ -702,7 +702,10 @@ def _watchdog(kwargs: dict) -> float:
     """--watchdog-s (or STRATA_WATCHDOG_S), default 600; <= 0 turns it off."""
     from .trace import watchdog_seconds
 
-    return watchdog_seconds(kwargs.get("watchdog_s"))
+    try:
+        return watchdog_seconds(kwargs.get("watchdog_s"))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _trace_note(tr) -> None:

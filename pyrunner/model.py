@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import threading
 import warnings
@@ -74,6 +75,18 @@ def _kv_type(name: str) -> int:
         return KV_TYPES[name]
     except KeyError:
         raise ValueError(f"kv_type {name!r}: choose one of {', '.join(KV_TYPES)}") from None
+
+
+def _amount(name: str, v, unit: str, zero_ok: bool = True, shift: int = 0) -> float:
+    """A size or rate argument checked: a finite number, >= 0 (> 0 unless zero_ok), and, as bytes
+    (v * 2**shift), within what the library's 64-bit fields hold. NaN compares false with every bound, so
+    without this it passed the range checks and failed later with a message that named no argument."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
+    if not ok:
+        raise ValueError(f"{name} must be a number of {unit} {'>= 0' if zero_ok else '> 0'} (got {v!r})")
+    if shift and v * 2.0 ** shift >= 2.0 ** 63:
+        raise ValueError(f"{name} = {v} {unit} is more than any machine holds (the limit is 2**63 bytes)")
+    return float(v)
 
 
 def _warn_threads_over_cores(threads) -> None:
@@ -185,14 +198,14 @@ class Model:
             raise ValueError(f"n_ctx must be positive (got {n_ctx})")
         if prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive (got {prefill_chunk})")
-        if cache_gib is not None and cache_gib < 0:
-            raise ValueError(f"cache_gib must be >= 0 (got {cache_gib})")
+        if cache_gib is not None:
+            cache_gib = _amount("cache_gib", cache_gib, "GiB", shift=30)
         if dense is None:
             dense = "auto"
         if dense not in DENSE:
             raise ValueError(f"dense {dense!r}: choose one of {', '.join(DENSE)}")
-        if vram_gib is not None and vram_gib <= 0:
-            raise ValueError(f"vram_gib must be > 0 (got {vram_gib})")
+        if vram_gib is not None:
+            vram_gib = _amount("vram_gib", vram_gib, "GiB", zero_ok=False, shift=30)
         if pcie_frac is not None and not 0.0 <= pcie_frac <= 1.0:
             raise ValueError(f"pcie_frac must be in [0, 1] (got {pcie_frac})")
         if split is None:
@@ -203,8 +216,8 @@ class Model:
             raise ValueError(f"expert_io {expert_io!r}: choose one of {', '.join(EXPERT_IO)}")
         if expert_io_backend not in EXPERT_IO_BACKENDS:
             raise ValueError(f"expert_io_backend {expert_io_backend!r}: choose one of {', '.join(EXPERT_IO_BACKENDS)}")
-        if ram_gib is not None and ram_gib <= 0:
-            raise ValueError(f"ram_gib must be > 0 (got {ram_gib})")
+        if ram_gib is not None:
+            ram_gib = _amount("ram_gib", ram_gib, "GiB", zero_ok=False, shift=30)
         if ram_gib is not None and expert_io == "mmap":
             raise ValueError("ram_gib sizes the RAM slots of expert_io 'direct' (or 'auto'); with 'mmap' the page "
                              "cache holds the experts")
@@ -224,6 +237,8 @@ class Model:
             tail_skip = settings.tail_skip()
         if sim_link_gbps is None:
             sim_link_gbps = settings.sim_link_gbps()
+        if sim_link_gbps is not None:          # 0: the library's default (16), as STRATA_SIM_LINK_GBPS=0 reads
+            sim_link_gbps = _amount("sim_link_gbps", sim_link_gbps, "GB/s (0: the default, 16)")
         if ple_madv_random is None:
             ple_madv_random = settings.ple_madv_random()
         if ple_prefetch is None:
@@ -232,8 +247,8 @@ class Model:
             ple_step_timeout_s = settings.ple_step_timeout_s()
         if ple_cache_mib is None:
             ple_cache_mib = settings.ple_cache_mib()
-        if ple_cache_mib is not None and ple_cache_mib < 0:
-            raise ValueError(f"ple_cache_mib must be >= 0 (got {ple_cache_mib})")
+        if ple_cache_mib is not None:
+            ple_cache_mib = _amount("ple_cache_mib", ple_cache_mib, "MiB (0 = off)", shift=20)
         stall_ms, stall_at = settings.ple_test_stall()
         self.device = device
         self.kv_type = kv_type

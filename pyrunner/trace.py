@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import resource
 import time
@@ -46,7 +47,10 @@ def watchdog_seconds(value: float | None) -> float:
     """The watchdog time for a request: value, else STRATA_WATCHDOG_S, else 600 (<= 0: off)."""
     if value is None:
         value = settings.watchdog_s()          # the environment is read in pyrunner.settings only
-    return float(DEFAULT_WATCHDOG_S if value is None else value)
+    value = float(DEFAULT_WATCHDOG_S if value is None else value)
+    if math.isnan(value):                      # compared false with 0, it turned the watchdog off unsaid
+        raise ValueError("watchdog_s (--watchdog-s) = nan: give a number of seconds (<= 0 turns it off)")
+    return value
 
 
 def watchdog(seconds: float) -> None:

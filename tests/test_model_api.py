@@ -7,6 +7,7 @@ sessions are independent, and the f16 / int8 KV caches stay close to f32.
 """
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -139,6 +140,14 @@ def test_argument_errors(tiny, tmp_path):
         Model(tmp_path / "nope.gguf")
     with pytest.raises(ValueError, match="kv_type"):
         Model(tiny, kv_type="q4")
+    # sizes and rates: NaN passed the range checks, a huge value overflowed the bytes field, a negative
+    # link rate silently became the default
+    for kw, msg in [({"cache_gib": math.nan}, "cache_gib must be a number of GiB >= 0"),
+                    ({"vram_gib": math.inf}, "vram_gib must be"), ({"ram_gib": 1e300}, "ram_gib = 1e\\+300 GiB is more"),
+                    ({"ple_cache_mib": 1e30}, "ple_cache_mib = .* is more"), ({"ple_cache_mib": -1}, "ple_cache_mib must"),
+                    ({"sim_link_gbps": -1}, "sim_link_gbps must"), ({"cache_gib": "2"}, "cache_gib must")]:
+        with pytest.raises(ValueError, match=msg):
+            Model(tiny, **kw)
     m = Model(tiny, threads=1, n_ctx=16, kv_type="f32")
     s = m.session()
     with pytest.raises(ValueError, match="outside the vocabulary"):

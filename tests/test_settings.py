@@ -107,6 +107,8 @@ def test_watchdog_s(monkeypatch):
     monkeypatch.setenv(settings.WATCHDOG_S, "0.5")
     assert trace.watchdog_seconds(None) == 0.5
     assert trace.watchdog_seconds(7) == 7.0
+    with pytest.raises(ValueError, match="watchdog_s .* nan"):     # turned the watchdog off unsaid
+        trace.watchdog_seconds(float("nan"))
     monkeypatch.setenv(settings.WATCHDOG_S, "soon")
     with pytest.raises(ValueError, match="STRATA_WATCHDOG_S='soon' is not a number of seconds"):
         trace.watchdog_seconds(None)

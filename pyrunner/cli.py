@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -1168,9 +1169,9 @@ def serve(host, port, api_key, max_concurrent, max_queue, grace_s, itl_factor, *
     for name, v, lo in (("--max-concurrent", max_concurrent, 1), ("--max-queue", max_queue, 0)):
         if v is not None and v < lo:
             raise click.ClickException(f"{name} {v}: give at least {lo}")
-    if grace_s < 0:
+    if not grace_s >= 0:                      # NaN too
         raise click.ClickException(f"--grace-s {grace_s}: give 0 or more seconds")
-    if itl_factor != 0 and not itl_factor > 1:
+    if itl_factor != 0 and not 1 < itl_factor < math.inf:
         raise click.ClickException(f"--itl-factor {itl_factor}: give a factor above 1, or 0 (whole-step prefill)")
     if not 0 <= port <= 65535:
         raise click.ClickException(f"--port {port}: give a TCP port, 0..65535 (0: any free one)")

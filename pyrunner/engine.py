@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import math
 import statistics
 import threading
 import time
@@ -325,8 +326,9 @@ class Engine:
             chunk = self.step_cap     # STRATA_EVAL_CONTINUED needs whole GDN chunks per step: evaluate prompts whole
         self.prefill_chunk = chunk
         self.token_budget = chunk if token_budget is None else max(1, int(token_budget))
-        if itl_factor is not None and not itl_factor > 1:
-            raise ValueError(f"itl_factor {itl_factor}: give a factor > 1 (a step's time over a decode-only step's)")
+        if itl_factor is not None and not 1 < itl_factor < math.inf:    # inf: int() of the piece size overflowed
+            raise ValueError(f"itl_factor {itl_factor}: give a finite factor > 1 (a step's time over a decode-only "
+                             f"step's)")
         self.itl_factor = itl_factor
         self._t_decode = None      # s: the median native time of the last DECODE_WINDOW steps without prefill
         self._decode_times: collections.deque = collections.deque(maxlen=DECODE_WINDOW)

@@ -4,6 +4,7 @@ points 1-3): batched logits are bit-identical to each sequence run alone, on the
 reuse; the engine's greedy output equals generate() alone; cancellation, budget and queue bounds."""
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -487,8 +488,9 @@ def test_itl_factor_sizes_prefill_pieces_from_live_costs(tiny):
         mixed = [s for s in eng.step_log if s["prefill_tokens"] and s["short"]]
         assert mixed and max(s["prefill_tokens"] for s in mixed) < 512
     assert got.tokens == generate(m, long_ids, max_tokens=3, temperature=0).tokens
-    with pytest.raises(ValueError, match="factor > 1"):
-        Engine(m, itl_factor=1.0)
+    for bad in (1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="factor > 1"):
+            Engine(m, itl_factor=bad)
 
 
 def test_itl_factor_probes_the_decode_cost_during_a_long_prefill(tiny):

@@ -748,7 +748,9 @@ def test_cli_serve_refuses_bad_settings_and_a_taken_port():
     from pyrunner.cli import main
 
     for args, says in ((["--max-concurrent", "0"], "--max-concurrent 0"), (["--max-queue", "-1"], "--max-queue -1"),
-                       (["--port", "70000"], "--port 70000"), (["--grace-s", "-1"], "--grace-s -1")):
+                       (["--port", "70000"], "--port 70000"), (["--grace-s", "-1"], "--grace-s -1"),
+                       # NaN passed the old checks; an infinite factor overflowed int() in the engine's planner
+                       (["--grace-s", "nan"], "--grace-s nan"), (["--itl-factor", "inf"], "--itl-factor inf")):
         r = CliRunner().invoke(main, ["serve", "-m", MODEL, *args])
         assert r.exit_code == 1 and says in r.output, r.output
     with socket.socket() as taken:

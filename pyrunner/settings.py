@@ -168,7 +168,11 @@ def ple_cache_mib() -> float | None:
 def ple_test_stall() -> tuple[int | None, int | None]:
     """The gather worker's test hook: (sleep in ms before publishing a step, the only step that
     sleeps; 0 = every step). Tests (tests/test_trace.py, tests/test_ple.py) use it to make a real stall."""
-    return _int(PLE_TEST_STALL_MS, "milliseconds"), _int(PLE_TEST_STALL_AT, "a step number")
+    ms, at = _int(PLE_TEST_STALL_MS, "milliseconds"), _int(PLE_TEST_STALL_AT, "a step number")
+    for name, v in ((PLE_TEST_STALL_MS, ms), (PLE_TEST_STALL_AT, at)):
+        if v is not None and not 0 <= v < 2**32:   # unsigned fields: a negative one was an OverflowError
+            raise ValueError(f"{name}={v} is out of range: give 0 .. 2**32 - 1")
+    return ms, at
 
 
 def watchdog_s() -> float | None:

@@ -102,6 +102,12 @@ def test_ple_step_timeout_and_stall_hooks(tiny, monkeypatch):
         assert time.monotonic() - t0 < 1.0
 
 
+def test_ple_test_stall_out_of_range_is_named(monkeypatch):
+    monkeypatch.setenv(settings.PLE_TEST_STALL_MS, "-1")        # an OverflowError from cffi once
+    with pytest.raises(ValueError, match="STRATA_PLE_TEST_STALL_MS=-1 is out of range"):
+        settings.ple_test_stall()
+
+
 def test_watchdog_s(monkeypatch):
     assert trace.watchdog_seconds(None) == trace.DEFAULT_WATCHDOG_S
     monkeypatch.setenv(settings.WATCHDOG_S, "0.5")

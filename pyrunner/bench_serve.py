@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -156,28 +157,41 @@ def run_concurrency(model, c: int, gen_tokens: int, prompt_tokens: int, long_pro
     return out
 
 
-def run_batch_ratio(model, n_requests: int, gen_tokens: int, parallel: int, seed: int) -> dict:
-    """n_requests short prompts x gen_tokens through the engine with max_seqs 1, then `parallel`."""
+def run_batch_ratio(model, n_requests: int, gen_tokens: int, parallel: int, seed: int, rounds: int = 3) -> dict:
+    """n_requests short prompts x gen_tokens through the engine with max_seqs 1 and with `parallel`, in
+    `rounds` rounds that alternate the order (1 then N, N then 1, ...): on a shared host one pair of runs
+    moved by +-20 % from pair to pair, so the ratio reported is the median of the rounds' ratios, each
+    round's own figures kept beside it."""
     eog = end_of_generation_ids(model)
     params = SamplingParams(max_tokens=gen_tokens, temperature=0, logit_bias={t: -np.inf for t in eog})
     rng = np.random.default_rng(seed)
     prompts = [_random_prompt(rng, model, 8 + int(rng.integers(0, 24))) for _ in range(n_requests)]
-    res = {}
-    for p in (1, parallel):
+
+    def one(p):
         with Engine(model, max_seqs=p, mtp=0) as eng:
             t0 = time.perf_counter()
             reqs = [eng.submit(x, params) for x in prompts]
             texts = [r.result() for r in reqs]
             dt = time.perf_counter() - t0
-        res[p] = (sum(len(c.tokens) for c in texts) / dt, [c.tokens for c in texts])
-    return {"requests": n_requests, "gen_tokens": gen_tokens, "parallel": parallel,
-            "tps_parallel_1": res[1][0], f"tps_parallel_{parallel}": res[parallel][0],
-            "ratio": res[parallel][0] / res[1][0] if res[1][0] else None,
-            "same_tokens": res[1][1] == res[parallel][1]}
+        return sum(len(c.tokens) for c in texts) / dt, [c.tokens for c in texts]
+
+    per, tokens = [], []
+    for r in range(max(1, rounds)):
+        got = {p: one(p) for p in ((1, parallel) if r % 2 == 0 else (parallel, 1))}
+        per.append({"tps_parallel_1": got[1][0], f"tps_parallel_{parallel}": got[parallel][0],
+                    "ratio": got[parallel][0] / got[1][0] if got[1][0] else None})
+        tokens += [got[1][1], got[parallel][1]]
+    ratios = [x["ratio"] for x in per if x["ratio"] is not None]
+    return {"requests": n_requests, "gen_tokens": gen_tokens, "parallel": parallel, "rounds": per,
+            "tps_parallel_1": statistics.median(x["tps_parallel_1"] for x in per),
+            f"tps_parallel_{parallel}": statistics.median(x[f"tps_parallel_{parallel}"] for x in per),
+            "ratio": statistics.median(ratios) if ratios else None,
+            "same_tokens": all(t == tokens[0] for t in tokens)}
 
 
 def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens: int = 16, long_prompt: int = 3000,
         batch_requests: int = 64, batch_tokens: int = 256, batch_parallel: int = 8, seed: int = 0,
+        batch_rounds: int = 3,
         progress=None, prefill_chunk: int | None = None, token_budget: int | None = None,
         itl_factor: float | None = None) -> dict:
     rows = []
@@ -205,7 +219,7 @@ def run(model, concurrency=(1, 2, 4, 8, 16), gen_tokens: int = 64, prompt_tokens
                         "itl_factor": itl_factor},
            "rows": rows}
     if batch_requests > 0:
-        out["batch"] = run_batch_ratio(model, batch_requests, batch_tokens, batch_parallel, seed)
+        out["batch"] = run_batch_ratio(model, batch_requests, batch_tokens, batch_parallel, seed, batch_rounds)
     return out
 
 
@@ -221,7 +235,8 @@ def table(res: dict) -> str:
     b = res.get("batch")
     if b:
         p = b["parallel"]
-        lines.append(f"batch {b['requests']} x {b['gen_tokens']} tokens: --parallel 1 {b['tps_parallel_1']:.1f} tok/s, "
-                     f"--parallel {p} {b[f'tps_parallel_{p}']:.1f} tok/s: {b['ratio']:.2f}x "
-                     f"(same tokens: {b['same_tokens']})")
+        each = ", ".join(f"{x['ratio']:.2f}x" for x in b["rounds"] if x["ratio"] is not None)
+        lines.append(f"batch {b['requests']} x {b['gen_tokens']} tokens, median of {len(b['rounds'])} rounds: --parallel 1 "
+                     f"{b['tps_parallel_1']:.1f} tok/s, --parallel {p} {b[f'tps_parallel_{p}']:.1f} tok/s: {b['ratio']:.2f}x "
+                     f"(rounds {each}; same tokens: {b['same_tokens']})")
     return "\n".join(lines)

@@ -432,6 +432,8 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
               help="Requests of the file-style batch run (0: skip it).")
 @click.option("--batch-tokens", type=int, default=256, show_default=True, help="Tokens each of them generates.")
 @click.option("--batch-parallel", type=int, default=8, show_default=True, help="Its parallel run's sequences.")
+@click.option("--batch-rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Rounds of the batch run, alternating which goes first; the ratio is their median.")
 @click.option("--prefill-chunk", type=click.IntRange(min=1, max=512), default=512, show_default=True,
               help="Prompt tokens a request evaluates per step at most (pieces of any length keep the output "
                    "`strata generate`'s); as strata serve.")
@@ -442,7 +444,8 @@ def _bench_out(res: dict, as_json: bool, table) -> None:
                    "a decode-only step, as `strata serve --itl-factor` (0: the budget alone).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, gen_tokens, prompt_tokens, long_prompt,
-                batch_requests, batch_tokens, batch_parallel, prefill_chunk, token_budget, itl_factor, seed):
+                batch_requests, batch_tokens, batch_parallel, batch_rounds, prefill_chunk, token_budget, itl_factor,
+                seed):
     """Continuous batching under 1..16 concurrent sequences: generated tokens/s, time to first token,
     inter-token p50/p99 (decode only, and beside a long prompt's prefill), expert bytes read per
     generated token; and a file-style batch at --parallel 1 vs N (pyrunner/bench_serve.py)."""
@@ -460,7 +463,7 @@ def bench_serve(model_path, as_json, threads, device, cache_gib, concurrency, ge
                          batch_parallel, seed, progress=None if as_json else
                          (lambda r: click.echo(f"  {r['concurrency']} {r['mode']}: {r['generated_tps']:.1f} tok/s",
                                                err=True)), prefill_chunk=prefill_chunk, token_budget=token_budget,
-                         itl_factor=itl_factor or None)
+                         itl_factor=itl_factor or None, batch_rounds=batch_rounds)
     except (StrataError, ValueError) as e:
         raise _fail(e) from None
     click.echo(json.dumps(res, indent=1) if as_json else bs.table(res))

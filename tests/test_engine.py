@@ -436,7 +436,7 @@ def test_bench_serve_measures_every_row(tiny):
     import json
     r = CliRunner().invoke(main, ["bench", "serve", "-m", tiny, "--concurrency", "1,4", "--gen-tokens", "6",
                                   "--long-prompt", "200", "--batch-requests", "6", "--batch-tokens", "5",
-                                  "--batch-parallel", "3", "--json"])
+                                  "--batch-parallel", "3", "--batch-rounds", "2", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.output[r.output.index("{"):])
     rows = {(x["concurrency"], x["mode"]): x for x in res["rows"]}
@@ -446,6 +446,10 @@ def test_bench_serve_measures_every_row(tiny):
     assert 0 < d4["expert_bytes_per_token"] <= d1["expert_bytes_per_token"]
     assert rows[(4, "mixed")]["itl_ms_p99_during_prefill"] >= 0 and d4["vs_single"] > 0
     assert res["batch"]["same_tokens"] is True and res["batch"]["ratio"] > 0
+    # two rounds, each with both runs; the ratio is their median (the mean of two)
+    rounds = res["batch"]["rounds"]
+    assert len(rounds) == 2 and all(x["tps_parallel_1"] > 0 and x["tps_parallel_3"] > 0 for x in rounds)
+    assert abs(res["batch"]["ratio"] - (rounds[0]["ratio"] + rounds[1]["ratio"]) / 2) < 1e-9
 
 
 def test_itl_factor_sizes_prefill_pieces_from_live_costs(tiny):

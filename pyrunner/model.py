@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 import os
 import threading
 import warnings
@@ -81,7 +82,7 @@ def _amount(name: str, v, unit: str, zero_ok: bool = True, shift: int = 0) -> fl
     """A size or rate argument checked: a finite number, >= 0 (> 0 unless zero_ok), and, as bytes
     (v * 2**shift), within what the library's 64-bit fields hold. NaN compares false with every bound, so
     without this it passed the range checks and failed later with a message that named no argument."""
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
     if not ok:
         raise ValueError(f"{name} must be a number of {unit} {'>= 0' if zero_ok else '> 0'} (got {v!r})")
     if shift and v * 2.0 ** shift >= 2.0 ** 63:

@@ -351,7 +351,7 @@ class SamplingParams:
             self.stop = [self.stop]
         elif self.stop is None:
             self.stop = []
-        elif isinstance(self.stop, (list, tuple)):
+        elif isinstance(self.stop, Sequence):
             self.stop = list(self.stop)
         else:               # a number or an object from a batch line: "not iterable" would not say which field
             raise _bad("stop", self.stop, "must be a string or a list of strings")

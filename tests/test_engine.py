@@ -320,6 +320,36 @@ def test_logprobs_are_the_model_distribution(tiny):
     assert lps[0].top[0][0] == toks[0]                 # greedy picks the most likely
 
 
+def test_logprob_records_on_ties_and_large_vocabularies():
+    """_LogprobSampler's records against their definition: log-softmax in float64, the top n by
+    log-probability, ties to the lower id. Vectors with many ties at the cut (the partition alone kept an
+    arbitrary few of them: 70 of these 300 cases differed) and of 151,936 logits."""
+    from pyrunner.engine import _LogprobSampler
+
+    class Tok:
+        def token_bytes(self, t):
+            return b"x"
+
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        V = int(rng.choice([5, 16, 8192, 151936]))
+        x = (rng.standard_normal(V) * rng.uniform(0.1, 8)).astype(np.float32)
+        if trial % 3 == 0:
+            x[rng.integers(V, size=V // 4)] = x.max()
+        if trial % 5 == 0:
+            x = np.round(x)
+        n_top = min(int(rng.integers(1, 21)), V)
+        s = _LogprobSampler(SamplingParams(temperature=0), n_top, Tok())
+        t = s.sample(x)
+        r = s.records[0]
+        x64 = x.astype(np.float64)
+        lp = x64 - (x64.max() + np.log(np.exp(x64 - x64.max()).sum()))
+        want = np.argsort(-lp, kind="stable")[:n_top]
+        assert r.token == t and abs(r.logprob - lp[t]) < 1e-9
+        assert [i for i, _, _ in r.top] == [int(i) for i in want]
+        assert all(abs(v - lp[i]) < 1e-9 for i, _, v in r.top)
+
+
 def test_state_grows_with_use(tiny):
     """A session's caches start at one chunk and grow as it fills (strata_session_state_bytes), not
     at n_ctx; growing through several chunks changes no bit, and rollback / checkpoints still work."""

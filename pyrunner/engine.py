@@ -53,6 +53,7 @@ import collections
 import itertools
 import math
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,11 @@ class QueueFull(Exception):
 
 class Cancelled(Exception):
     """Raised inside a cancelled request's evaluation (its worker ends the request)."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine's thread stopped on an error of its own (a bug, not a request's): every request in flight
+    ends with it (finish_reason "error") instead of waiting forever, and submit() raises it."""
 
 
 @dataclass
@@ -362,6 +368,7 @@ class Engine:
         self._decoders = 0                                      # short evaluations (decoders) in the last step
         self._n_sessions = 0
         self._closing = False
+        self._stopped: EngineStopped | None = None             # set when the engine's thread failed (_fail)
         self._ids = itertools.count(1)
         self.counters = collections.Counter()
         self._tps_window: collections.deque = collections.deque()   # (time, generated tokens) per step
@@ -432,6 +439,8 @@ class Engine:
         if logprobs is not None:
             k = 0            # one sampled token per logits row: what the logprobs report
         with self._cv:
+            if self._stopped is not None:
+                raise self._stopped
             if self._closing:
                 raise RuntimeError("the engine is shutting down")
             if self.max_queue is not None and len(self._running) + len(self._queue) >= self.max_seqs + self.max_queue:
@@ -560,6 +569,45 @@ class Engine:
     def _run(self) -> None:
         trace.watchdog(self.watchdog_s)
         self._root = greenlet.getcurrent()
+        try:
+            self._loop()
+        except BaseException as e:   # noqa: BLE001 (a bug of the engine's own: end the requests, do not hang them)
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        """The engine's loop raised (its planning or bookkeeping, not an evaluation: _step hands those to the
+        requests): with `--itl-factor inf`, int() of a piece size once did, and every request in flight then
+        waited forever. Now each worker waiting on an evaluation gets the error (its request ends with
+        finish_reason "error" and the partial output), queued and unstarted requests end with it too, and
+        submit() raises it."""
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+        err = EngineStopped(f"the engine stopped on an error of its own ({type(e).__name__}: {e}); "
+                            f"start a new engine (or restart the server)")
+        with self._cv:
+            self._stopped = err
+            self._closing = True
+            queued = list(self._queue)
+            self._queue.clear()
+        for _ in range(10000):       # each switch ends a worker (or it evaluates again: then once more)
+            with self._cv:
+                pending, self._pending = self._pending, []
+            if not pending:
+                break
+            for p in pending:
+                p.error = err
+                try:
+                    p.g.switch()
+                except BaseException:   # noqa: BLE001 (the worker ends its own request; nothing else to do)
+                    pass
+        with self._cv:
+            left = [r for r in list(self._running) + queued if not r.done]
+            self._cv.notify_all()
+        for r in left:               # admitted but not started, or queued
+            r._finish(Completion("", [], "error", {"prompt_tokens": r.prompt_tokens}, str(err)))
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while True:

@@ -723,7 +723,7 @@ class StrataAPI:
         return data
 
     async def _submit(self, job: Job):
-        from .engine import QueueFull
+        from .engine import EngineStopped, QueueFull
 
         try:
             return await run_in_threadpool(self.engine.submit, job.prompt, job.params, add_special=job.add_special,
@@ -737,6 +737,8 @@ class StrataAPI:
             msg = str(e)
             code = "context_length_exceeded" if "context" in msg else "invalid_value"
             raise APIError(msg, job.prompt_param, code) from None
+        except EngineStopped as e:            # its thread failed (a bug, logged): no request can run any more
+            raise _server_error(str(e), "engine_stopped") from None
         except RuntimeError as e:             # the engine is closing (shutdown)
             raise APIError(f"the server is shutting down ({e})", None, "shutting_down", 503, "server_error",
                            {"Retry-After": "1"}) from None
@@ -946,6 +948,9 @@ class StrataAPI:
         return _JSON(self._model_card())
 
     async def health(self, request: Request):
+        stopped = getattr(self.engine, "_stopped", None)
+        if stopped is not None:               # a load balancer should take this server out
+            return _JSON({"status": "error", "error": str(stopped)}, status_code=503)
         return _JSON({"status": "ok"})
 
     async def metrics(self, request: Request):

@@ -320,6 +320,37 @@ def test_logprobs_are_the_model_distribution(tiny):
     assert lps[0].top[0][0] == toks[0]                 # greedy picks the most likely
 
 
+def test_an_error_of_the_engines_own_ends_every_request_instead_of_hanging(tiny):
+    """A bug in the engine's loop (here: its planner raising at the fifth step; `--itl-factor inf` once did
+    so with OverflowError) ends the running, the waiting and the queued requests with finish_reason
+    "error" naming it, within seconds; submit() then raises EngineStopped and close() returns. Before,
+    the engine's thread died and every request waited forever."""
+    from pyrunner.engine import EngineStopped
+
+    m = _model(tiny, "cpu")
+    eng = Engine(m, max_seqs=2)
+    calls = {"n": 0}
+    plan = eng._plan_for
+
+    def broken(pending):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OverflowError("cannot convert float infinity to integer")
+        return plan(pending)
+
+    eng._plan_for = broken
+    reqs = [eng.submit(p, SamplingParams(max_tokens=40, temperature=0)) for p in PROMPTS[:3]]
+    for r in reqs:
+        assert r.wait(30), "a request hung after the engine's loop failed"
+        c = r.result(0)
+        assert c.finish_reason == "error" and "OverflowError" in c.error, c
+    with pytest.raises(EngineStopped, match="the engine stopped on an error of its own"):
+        eng.submit(PROMPTS[0], SamplingParams(max_tokens=2))
+    t0 = time.monotonic()
+    eng.close()
+    assert time.monotonic() - t0 < 30
+
+
 def test_logprob_records_on_ties_and_large_vocabularies():
     """_LogprobSampler's records against their definition: log-softmax in float64, the top n by
     log-probability, ties to the lower id. Vectors with many ties at the cut (the partition alone kept an

@@ -1029,11 +1029,13 @@ def batch(in_path, out_path, retry_errors, max_tokens, parallel, ray_address, qu
     else:
         tracer = _tracer(kwargs)
         model = _open_model(kwargs)
+        from .engine import EngineStopped
+
         try:
             with tracer, model:
                 counts = run_batch(model, in_path, out_path, params, progress=not quiet, watchdog_s=wd,
                                    retry_errors=retry_errors, parallel=parallel)
-        except (BatchError, StrataError) as e:
+        except (BatchError, StrataError, EngineStopped) as e:   # the results so far are in OUT: a rerun resumes
             raise _fail(e) from None
         _trace_note(tracer)
     click.echo(f"batch: {counts['total']} requests in {in_path}: {counts['done']} run, {counts['errors']} with errors, "

@@ -296,3 +296,32 @@ def test_parallel_gives_the_records_of_one_at_a_time(model, tmp_path):
         assert x.get("text") == y.get("text") and x.get("error") == y.get("error")
         assert x.get("finish_reason") == y.get("finish_reason")
     assert sum(r["stats"]["reused_prompt_tokens"] > 20 for r in b if "stats" in r) >= 5
+
+
+def test_a_failed_engine_ends_the_batch_with_its_message_and_keeps_the_results(tiny_path, tmp_path, monkeypatch):
+    """The engine's own loop failing (test_engine's test of it) ends `strata batch --parallel 2` with an
+    error message, not an uncaught exception; the records written before stay in OUT and a rerun resumes."""
+    from pyrunner.engine import Engine
+
+    plan, calls = Engine._plan_for, {"n": 0}
+
+    def broken(self, pending):
+        calls["n"] += 1
+        if calls["n"] == 15:
+            raise OverflowError("cannot convert float infinity to integer")
+        return plan(self, pending)
+
+    monkeypatch.setattr(Engine, "_plan_for", broken)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [{"id": i, "prompt": f"line {i}", "max_tokens": 6, "temperature": 0} for i in range(12)])
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(out), "-m", str(tiny_path), "--parallel", "2", "-q"])
+    assert r.exit_code == 1 and "the engine stopped on an error of its own (OverflowError" in r.output, r.output
+    # the engine prints the bug's traceback (for a report); the command itself ends with its message
+    assert isinstance(r.exception, SystemExit) and r.output.rstrip().splitlines()[-1].startswith("Error: the engine")
+    done = [x for x in _lines(out) if "error" not in x]
+    assert 0 < len(done) < 12
+    monkeypatch.setattr(Engine, "_plan_for", plan)
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(out), "-m", str(tiny_path), "--parallel", "2", "-q",
+                                  "--retry-errors"])
+    assert r.exit_code == 0, r.output
+    assert sorted(x["id"] for x in _lines(out) if "error" not in x) == list(range(12))

@@ -56,6 +56,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import greenlet
@@ -580,8 +581,6 @@ class Engine:
         waited forever. Now each worker waiting on an evaluation gets the error (its request ends with
         finish_reason "error" and the partial output), queued and unstarted requests end with it too, and
         submit() raises it."""
-        import traceback
-
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
         err = EngineStopped(f"the engine stopped on an error of its own ({type(e).__name__}: {e}); "
                             f"start a new engine (or restart the server)")

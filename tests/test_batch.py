@@ -301,17 +301,11 @@ def test_parallel_gives_the_records_of_one_at_a_time(model, tmp_path):
 def test_a_failed_engine_ends_the_batch_with_its_message_and_keeps_the_results(tiny_path, tmp_path, monkeypatch):
     """The engine's own loop failing (test_engine's test of it) ends `strata batch --parallel 2` with an
     error message, not an uncaught exception; the records written before stay in OUT and a rerun resumes."""
+    from faults import planner_failing_at
     from pyrunner.engine import Engine
 
-    plan, calls = Engine._plan_for, {"n": 0}
-
-    def broken(self, pending):
-        calls["n"] += 1
-        if calls["n"] == 15:
-            raise OverflowError("cannot convert float infinity to integer")
-        return plan(self, pending)
-
-    monkeypatch.setattr(Engine, "_plan_for", broken)
+    plan = Engine._plan_for
+    monkeypatch.setattr(Engine, "_plan_for", planner_failing_at(plan, 15))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(inp, [{"id": i, "prompt": f"line {i}", "max_tokens": 6, "temperature": 0} for i in range(12)])
     r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(out), "-m", str(tiny_path), "--parallel", "2", "-q"])

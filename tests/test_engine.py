@@ -325,20 +325,12 @@ def test_an_error_of_the_engines_own_ends_every_request_instead_of_hanging(tiny)
     so with OverflowError) ends the running, the waiting and the queued requests with finish_reason
     "error" naming it, within seconds; submit() then raises EngineStopped and close() returns. Before,
     the engine's thread died and every request waited forever."""
+    from faults import planner_failing_at
     from pyrunner.engine import EngineStopped
 
     m = _model(tiny, "cpu")
     eng = Engine(m, max_seqs=2)
-    calls = {"n": 0}
-    plan = eng._plan_for
-
-    def broken(pending):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise OverflowError("cannot convert float infinity to integer")
-        return plan(pending)
-
-    eng._plan_for = broken
+    eng._plan_for = planner_failing_at(eng._plan_for, 5)
     reqs = [eng.submit(p, SamplingParams(max_tokens=40, temperature=0)) for p in PROMPTS[:3]]
     for r in reqs:
         assert r.wait(30), "a request hung after the engine's loop failed"

@@ -744,17 +744,10 @@ def test_an_engine_that_stopped_answers_500_and_fails_health(model):
     """When the engine's own loop fails (a bug; test_engine's test of the same), the request in flight
     gets a 500 naming the error, later ones a 500 "engine_stopped" (not the 503 of a shutdown, which
     clients retry), and /health answers 503 so that a load balancer takes the server out."""
+    from faults import planner_failing_at
+
     eng = Engine(model, max_seqs=2)
-    plan = eng._plan_for
-    calls = {"n": 0}
-
-    def broken(pending):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OverflowError("cannot convert float infinity to integer")
-        return plan(pending)
-
-    eng._plan_for = broken
+    eng._plan_for = planner_failing_at(eng._plan_for, 3)
     with BackgroundServer(create_app(eng, model, close_engine=True), grace_s=1) as s:
         assert raw(s, "GET", "/health")[0] == 200
         status, _, out = raw(s, "POST", "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0})

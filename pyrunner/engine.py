@@ -144,7 +144,7 @@ class _LogprobSampler(Sampler):
         top = []
         if self.n_top > 0:
             k = min(self.n_top, x.size)
-            idx = np.flatnonzero(x >= x[np.argpartition(x, x.size - k)[x.size - k:]].min())
+            idx = np.flatnonzero(x >= np.partition(x, x.size - k)[x.size - k])     # the n-th largest and above
             lp = x[idx].astype(np.float64) - lse
             order = np.lexsort((idx, -lp))[:k]
             top = [(int(idx[i]), self._text(int(idx[i])), float(lp[i])) for i in order]
@@ -422,6 +422,11 @@ class Engine:
         return not self._running or need <= budget
 
     # ------------------------------------------------------------------ the API
+    @property
+    def stopped(self) -> "EngineStopped | None":
+        """The error the engine's thread stopped on (_fail), or None while it runs."""
+        return self._stopped
+
     def submit(self, prompt, params: SamplingParams | None = None, *, add_special: bool = True,
                logprobs: int | None = None, mtp: int | None = None, checkpoint_at=()) -> Request:
         """Queues a request (prompt: text or token ids). checkpoint_at: prompt positions to keep a

@@ -251,6 +251,7 @@ class Model:
         if ple_cache_mib is not None:
             ple_cache_mib = _amount("ple_cache_mib", ple_cache_mib, "MiB (0 = off)", shift=20)
         stall_ms, stall_at = settings.ple_test_stall()
+        sync_swaps = settings.sync_swaps()
         self.device = device
         self.kv_type = kv_type
         self.prefill_chunk = int(prefill_chunk)
@@ -291,6 +292,8 @@ class Model:
             p.ple_step_timeout_s = float(ple_step_timeout_s)
         if ple_cache_mib is not None:
             p.ple_cache_bytes = int(float(ple_cache_mib) * (1 << 20))
+        if sync_swaps is not None:
+            p.sync_swaps = int(sync_swaps)
         if stall_ms is not None:
             p.ple_test_stall_ms = int(stall_ms)
         if stall_at is not None:

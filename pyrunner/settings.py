@@ -21,6 +21,7 @@ environment as it is then (tests set variables with monkeypatch).
     STRATA_PLE_PREFETCH        strata_model_params.ple_prefetch (0/1)       Model(ple_prefetch=None)
     STRATA_PLE_STEP_TIMEOUT    strata_model_params.ple_step_timeout_s       Model(ple_step_timeout_s=None)
     STRATA_PLE_CACHE_MIB       strata_model_params.ple_cache_bytes (MiB)    Model(ple_cache_mib=None)
+    STRATA_SYNC_SWAPS          strata_model_params.sync_swaps (0/1)         Model (replay hook)
     STRATA_PLE_TEST_STALL_MS   strata_model_params.ple_test_stall_ms        Model (test hook)
     STRATA_PLE_TEST_STALL_AT   strata_model_params.ple_test_stall_at        Model (test hook)
     STRATA_EXPERT_IO_TEST_SHORT_AT  strata_model_params.                    Model (test hook)
@@ -56,6 +57,7 @@ PLE_MADV_RANDOM = "STRATA_PLE_MADV_RANDOM"
 PLE_PREFETCH = "STRATA_PLE_PREFETCH"
 PLE_STEP_TIMEOUT = "STRATA_PLE_STEP_TIMEOUT"
 PLE_CACHE_MIB = "STRATA_PLE_CACHE_MIB"
+SYNC_SWAPS = "STRATA_SYNC_SWAPS"
 PLE_TEST_STALL_MS = "STRATA_PLE_TEST_STALL_MS"
 PLE_TEST_STALL_AT = "STRATA_PLE_TEST_STALL_AT"
 EXPERT_IO_TEST_SHORT_AT = "STRATA_EXPERT_IO_TEST_SHORT_AT"
@@ -149,6 +151,12 @@ def ple_madv_random() -> bool | None:
 
 def ple_prefetch() -> bool | None:
     return _flag(PLE_PREFETCH)
+
+
+def sync_swaps() -> bool | None:
+    """STRATA_SYNC_SWAPS=1: an adjustment round's copies land before the next window looks up (the
+    residency `strata cache-sim` replays, whatever the machine's load)."""
+    return _flag(SYNC_SWAPS)
 
 
 def ple_step_timeout_s() -> float | None:

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> str:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for v in (settings.THREADS, settings.ROUTE_TAIL_SKIP, settings.SIM_LINK_GBPS, settings.WATCHDOG_S) + PLE_VARS:
+    for v in (settings.THREADS, settings.ROUTE_TAIL_SKIP, settings.SIM_LINK_GBPS, settings.WATCHDOG_S, settings.SYNC_SWAPS) + PLE_VARS:
         monkeypatch.delenv(v, raising=False)
 
 

@@ -421,6 +421,11 @@ typedef struct strata_model_params {
                                   many rows its step holds. Default 0: a kernel summing in the decode kernel's order,
                                   so prefill gives decode's bits and batches are invariant. No effect without cuBLAS
                                   (the start-up log says which runs) */
+    int32_t sync_swaps;        /* 1: the first window after an expert-cache adjustment round waits for the round's
+                                  copies before it looks anything up, so which experts are resident follows from
+                                  the routing alone, as `strata cache-sim` replays it (a replay hook: on a busy
+                                  machine an unwaited copy may land a window late). Default 0: nothing waits; a
+                                  copy is used from the first window that finds it landed */
 } strata_model_params;
 
 

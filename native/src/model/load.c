@@ -650,7 +650,8 @@ strata_status mdl_offload_open(strata_model *m) {
                                .tail_skip = p->tail_skip, .n_staging = p->n_staging,
                                .adjust_interval = p->adjust_interval, .stream_min = p->prefill_stream_min,
                                .max_swaps = p->max_swaps, .isa = m->isa, .expert_pack = p->expert_pack,
-                               .no_swaps = m->xs != NULL, .split = p->split};
+                               .no_swaps = m->xs != NULL, .split = p->split,
+                               .sync_swaps = p->sync_swaps};
         rc = off_create(&op, d, &m->off);
     }
     free(d);

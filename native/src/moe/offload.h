@@ -70,6 +70,7 @@ typedef struct off_params {
     int32_t no_swaps;          /* 1: no adjustment rounds: the cache fills by admission only (the expert
                                   store's direct reads: a swap's copy, landing later, would read a RAM
                                   slot the store may reuse first) */
+    int32_t sync_swaps;        /* 1: publishing waits for every queued copy (strata_model_params.sync_swaps) */
 } off_params;
 
 typedef struct off_engine off_engine;

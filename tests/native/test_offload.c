@@ -12,7 +12,8 @@
  *   - staging: a window of >= stream_min tokens streams every missing group through the staging ring
  *     plus borrowed cache slots (at most half the cache), gives them back at finish, outputs exact;
  *   - swaps: an adjustment round swaps only when the heat difference is >= 1.5, at most max_swaps
- *     (a settable field, default 96), and the swapped-in expert is resident once its copy landed;
+ *     (a settable field, default 96), and the swapped-in expert is resident once its copy landed
+ *     (with sync_swaps, from the window right after the round: it waits for the copies);
  *   - cancel: a watchdog that fires while a slow copy is queued makes off_finish fail, unlock and
  *     forget the unlanded admit; the engine then plans and runs the next window normally.
  * Runs under ASan+UBSan and TSan (tests/test_sanitize.py). Exit code 0 = pass.
@@ -316,9 +317,13 @@ static void test_staging(const fake_model *f) {
  * w1 {0,1} (admitted), w2 w3 {2,3}: at the w3 round 2 and 3 carry heat 2 against the residents' 1
  * (difference 1 < 1.5: no swap), then every heat x 0.7; w4..w6 {2,3}: at the w6 round 4.4 against
  * 0.7 (3.7 >= 1.5): two qualifying pairs, of which max_swaps run. */
-static off_engine *swap_run(const fake_model *f, int32_t max_swaps, uint64_t swaps_at_w3[1]) {
+static off_engine *swap_run(const fake_model *f, int32_t max_swaps, uint64_t swaps_at_w3[1], int sync) {
     off_params p = base_params(1);
     p.cache_bytes = 2 * blob();
+    if (sync) {
+        p.sync_swaps = 1;
+        p.sim_link_gbps = 1e-3f;                           /* 1 MB/s: one 6 KiB blob takes ~6 ms */
+    }
     p.adjust_interval = 3;
     p.max_swaps = max_swaps;
     off_engine *o = make(&p, f);
@@ -344,7 +349,7 @@ static void test_swaps(const fake_model *f) {
     int32_t per[1];
     /* the default cap (96): both pairs swap */
     uint64_t at3 = 99;
-    off_engine *o = swap_run(f, 0, &at3);
+    off_engine *o = swap_run(f, 0, &at3, 0);
     CHECK(at3 == 0);                                       /* difference 1 < 1.5 */
     CHECK(stats(o).cache_swaps == 2);
     /* a swap's copy is queued at the round and published by the first off_begin after it landed
@@ -356,7 +361,7 @@ static void test_swaps(const fake_model *f) {
     CHECK(per[0] == 2);
     off_free(o);
     /* max_swaps 1: one of the two equal pairs (ties: the lower incoming expert, 2) */
-    o = swap_run(f, 1, &at3);
+    o = swap_run(f, 1, &at3, 0);
     CHECK(at3 == 0);
     CHECK(stats(o).cache_swaps == 1);
     nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 200000000}, NULL);
@@ -364,6 +369,13 @@ static void test_swaps(const fake_model *f) {
     CHECK(s.kind[2] == OFF_DEVICE && s.kind[3] == OFF_CPU);
     off_resident(o, per, 1);
     CHECK(per[0] == 2);
+    off_free(o);
+    /* sync_swaps on a slow link: the window right after the round (no sleep) waits for the two
+     * ~6 ms copies and finds both experts resident */
+    o = swap_run(f, 0, &at3, 1);
+    CHECK(stats(o).cache_swaps == 2);
+    CHECK(run_step(o, f, 0, 1, hot, x, &s) == STRATA_OK);
+    CHECK(s.kind[2] == OFF_DEVICE && s.kind[3] == OFF_DEVICE);
     off_free(o);
 }
 

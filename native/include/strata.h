@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a declaration below changes in a way that breaks callers. */
-#define STRATA_ABI_VERSION 10
+#define STRATA_ABI_VERSION 11
 /* strata_model_params.cache_bytes: fit the expert cache into what the device has left after the dense
  * weights, one session's state at n_ctx, the work buffers and a margin (strata_model_device_log says how
  * much that was). The binding spells it 2**64 - 1. */

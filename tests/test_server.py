@@ -543,6 +543,8 @@ class FakeRequest:
 
 
 class FakeEngine:
+    stopped = None                       # Engine.stopped: this stand-in never fails on its own
+
     def __init__(self, pieces):
         self.pieces, self.submitted = pieces, []
 

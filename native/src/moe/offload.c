@@ -341,13 +341,10 @@ static strata_status add_pending(off_engine *o, int32_t slot, uint64_t seq) {
 
 static void publish_loads(off_engine *o) {
     if (!o->dev) return;
-    if (o->p.sync_swaps && o->n_pending) {
-        /* sync_swaps: every queued copy lands first (on the watchdog's expiry, what has landed) */
-        uint64_t last = 0;
-        for (int32_t i = 0; i < o->n_pending; i++)
-            if (o->pending[i].seq > last) last = o->pending[i].seq;
-        (void)mdev_wait_copy(o->dev, last);
-    }
+    if (o->p.sync_swaps && o->n_pending)   /* every queued copy lands first (the copy engine's sequence numbers
+                                              grow in the order pending holds them; on the watchdog's expiry,
+                                              what has landed is published) */
+        (void)mdev_wait_copy(o->dev, o->pending[o->n_pending - 1].seq);
     const uint64_t done = mdev_copies_done(o->dev);
     int32_t k = 0;
     for (int32_t i = 0; i < o->n_pending; i++) {
